@@ -1,0 +1,223 @@
+//! A pure, deterministic model of one vLLM engine core: paged KV cache with prefix caching,
+//! continuous batching with chunked prefill, preemption under memory pressure, and a
+//! step-time model.
+//!
+//! Nothing here sleeps or reads a clock: the caller passes `now` (seconds) into `add_request`
+//! and `step`, and `step` returns how long that step takes. The worker task (`worker.rs`)
+//! sleeps for that long in real time; tests simply call `step` in a loop. Scheduling follows
+//! vLLM v1: running requests first (decodes and unfinished chunked prefills, FCFS), then
+//! waiting requests while the token budget, `max_num_seqs` and free blocks allow; when a
+//! running request needs a block and none is free, the last running request is preempted
+//! (its blocks freed, recomputed later). A prefix-cache hit never covers the last prompt
+//! token, exactly like vLLM (`max_cache_hit_length = num_tokens - 1`).
+
+pub mod event;
+pub mod hashing;
+pub mod pool;
+pub mod profile;
+pub mod request;
+pub mod stats;
+mod step;
+
+use crate::ids::{EngineHash, RequestId};
+pub use event::KvEvent;
+use pool::BlockPool;
+pub use profile::StepProfile;
+pub(crate) use request::Request;
+pub use request::{FinishReason, Finished, NewRequest, TokenOut};
+use serde::Serialize;
+pub use stats::EngineStats;
+use std::collections::VecDeque;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineConfig {
+    pub block_size: usize,
+    /// Total blocks including vLLM's null block (what vLLM reports as `num_gpu_blocks`).
+    pub num_gpu_blocks: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    /// Without `ignore_eos`, the simulated model emits EOS after this many tokens.
+    pub eos_after: usize,
+    pub profile: StepProfile,
+    /// Wall-clock multiplier applied to every step (0.1 = ten times faster).
+    pub time_scale: f64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            block_size: 16,
+            num_gpu_blocks: 5600,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_model_len: 32768,
+            eos_after: 128,
+            profile: StepProfile::default(),
+            time_scale: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EngineError {
+    #[error("prompt is empty")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("this model's maximum context length is {max} tokens; the request needs {needed} ({prompt} prompt + {max_tokens} max_tokens)")]
+    TooLong { max: usize, needed: usize, prompt: usize, max_tokens: usize },
+    #[error("request needs {needed} KV blocks but the cache only has {available}")]
+    CacheTooSmall { needed: usize, available: usize },
+}
+
+/// Everything one `step` produced.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    /// Wall seconds this step takes (already scaled); 0 when there was nothing to do.
+    pub duration_s: f64,
+    pub tokens: Vec<TokenOut>,
+    pub events: Vec<KvEvent>,
+    pub prefill_tokens: usize,
+    pub batch_size: usize,
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    pool: BlockPool,
+    waiting: VecDeque<Request>,
+    running: Vec<Request>,
+    stats: EngineStats,
+    /// Fault knob: multiplies step time.
+    slowdown: f64,
+    pending_events: Vec<KvEvent>,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        let pool = BlockPool::new(cfg.num_gpu_blocks);
+        Engine {
+            cfg,
+            pool,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: EngineStats::default(),
+            slowdown: 1.0,
+            pending_events: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn set_slowdown(&mut self, factor: f64) {
+        self.slowdown = if factor.is_finite() && factor > 0.0 { factor } else { 1.0 };
+    }
+
+    pub fn slowdown(&self) -> f64 {
+        self.slowdown
+    }
+
+    /// Validate and queue a request arriving at `now`.
+    pub fn add_request(&mut self, req: NewRequest, now: f64) -> Result<(), EngineError> {
+        let prompt = req.prompt.len();
+        if prompt == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens);
+        }
+        let needed = prompt + req.max_tokens;
+        if needed > self.cfg.max_model_len {
+            let (max, max_tokens) = (self.cfg.max_model_len, req.max_tokens);
+            return Err(EngineError::TooLong { max, needed, prompt, max_tokens });
+        }
+        let blocks = needed.div_ceil(self.cfg.block_size);
+        let available = self.pool.num_blocks() - 1;
+        if blocks > available {
+            return Err(EngineError::CacheTooSmall { needed: blocks, available });
+        }
+        self.waiting.push_back(Request {
+            id: req.id,
+            tokens: req.prompt,
+            prompt_len: prompt,
+            max_tokens: req.max_tokens,
+            eos_at: (!req.ignore_eos).then_some(self.cfg.eos_after.max(1)),
+            cache_salt: req.cache_salt.filter(|s| !s.is_empty()),
+            hashes: Vec::new(),
+            blocks: Vec::new(),
+            num_computed: 0,
+            num_cached_blocks: 0,
+            cached_tokens: None,
+            arrival: now,
+            first_scheduled: None,
+            first_token: None,
+        });
+        Ok(())
+    }
+
+    /// Drop a request (client went away), releasing its blocks. Returns whether it existed.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            if let Some(r) = self.waiting.remove(i) {
+                self.pool.free(r.blocks.iter().rev().copied());
+            }
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            let r = self.running.remove(i);
+            self.pool.free(r.blocks.iter().rev().copied());
+            return true;
+        }
+        false
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// vLLM's `/reset_prefix_cache`: succeeds (emitting `AllBlocksCleared`) only when no
+    /// request holds blocks.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset_prefix_cache(&mut self.pending_events)
+    }
+
+    /// Events produced outside a step (prefix-cache reset), to publish as their own batch.
+    pub fn take_pending_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.pending_events)
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn kv_usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    /// Engine hashes of every cached block, sorted.
+    pub fn cached_hashes(&self) -> Vec<EngineHash> {
+        self.pool.cached_hashes()
+    }
+
+    /// Cached hashes in the order they would be evicted.
+    pub fn eviction_order(&self) -> Vec<EngineHash> {
+        self.pool.eviction_order()
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests;

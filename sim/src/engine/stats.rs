@@ -1,0 +1,71 @@
+//! Counters and histograms the engine keeps about itself; `/metrics` renders them, so the
+//! metrics agree with the engine by construction (and tests compare the two).
+
+use serde::Serialize;
+
+/// vLLM's `TIME_TO_FIRST_TOKEN_BUCKETS`.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's `REQUEST_LATENCY_BUCKETS` (e2e, queue, prefill).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+];
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Histogram {
+    pub bounds: &'static [f64],
+    /// Non-cumulative count per bound; the +Inf bucket is `count - sum(counts)`.
+    pub counts: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| v <= *b) {
+            self.counts[i] += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineStats {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache (vLLM counts per scheduling attempt).
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found cached.
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    pub requests_finished: u64,
+    pub ttft: Histogram,
+    pub e2e: Histogram,
+    pub queue_time: Histogram,
+    pub prefill_time: Histogram,
+}
+
+impl Default for EngineStats {
+    fn default() -> Self {
+        EngineStats {
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
+            preemptions: 0,
+            requests_finished: 0,
+            ttft: Histogram::new(TTFT_BUCKETS),
+            e2e: Histogram::new(LATENCY_BUCKETS),
+            queue_time: Histogram::new(LATENCY_BUCKETS),
+            prefill_time: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}

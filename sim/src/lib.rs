@@ -1,0 +1,9 @@
+//! kvroute-sim: simulated vLLM workers, faithful enough to judge routing without GPUs.
+//!
+//! Each worker is a pure [`engine::Engine`] (paged KV cache, prefix caching, continuous
+//! batching, step-time model) stepped by one tokio task, fronted by an OpenAI-compatible
+//! axum server, publishing vLLM-identical KV events over ZMQ and vLLM-named Prometheus
+//! metrics. See sim/README.md for the CLI, port layout and the default GPU profile.
+
+pub mod engine;
+pub mod ids;
