@@ -1,0 +1,322 @@
+//! LLM request bodies -> [`PromptRequest`]: what the router needs to know about a request.
+//!
+//! Understood bodies:
+//! - OpenAI `/v1/completions`: `prompt` as a string, a list of strings, a token-id array or a
+//!   list of token-id arrays. A batch is routed by its first prompt (vLLM serves a batch on one
+//!   engine, so the first prompt's prefix is as good a hint as any).
+//! - OpenAI `/v1/chat/completions`: `messages` with string or multi-part content, `tools`.
+//! - Anthropic `/v1/messages`: `system` (string or blocks) and `messages` with content blocks.
+//!
+//! Chat prompts cannot be keyed exactly without the model's tokenizer and chat template, which
+//! the state service owns; for those this module keeps the JSON the template needs
+//! ([`Prompt::Chat::template_input`]) and a canonical text for approximate text-chunk keys.
+
+use serde_json::{Map, Value};
+use std::fmt::Write as _;
+
+/// Which API a request was sent to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    ChatCompletions,
+    Messages,
+}
+
+impl Api {
+    /// The API served at `path` (query string ignored), or `None` for non-LLM paths.
+    pub fn from_path(path: &str) -> Option<Api> {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        match path.trim_end_matches('/') {
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/chat/completions" => Some(Api::ChatCompletions),
+            "/v1/messages" => Some(Api::Messages),
+            _ => None,
+        }
+    }
+
+    pub fn wire(self) -> crate::wire::Endpoint {
+        match self {
+            Api::Completions => crate::wire::Endpoint::Completions,
+            Api::ChatCompletions => crate::wire::Endpoint::ChatCompletions,
+            Api::Messages => crate::wire::Endpoint::Messages,
+        }
+    }
+}
+
+/// The prompt of a request, in the most exact form the client gave.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Token ids: exact block keys can be computed anywhere.
+    Tokens(Vec<u32>),
+    /// Plain text for `/v1/completions`: needs the model's tokenizer.
+    Text(String),
+    /// A conversation: needs the model's tokenizer and chat template.
+    Chat {
+        /// JSON object with what a chat template reads: `messages`, and where present `tools`,
+        /// `system` (Anthropic), `add_generation_prompt`, `continue_final_message`,
+        /// `chat_template_kwargs`.
+        template_input: String,
+        /// Role-tagged text of the conversation, for approximate text-chunk keys.
+        canonical: String,
+    },
+}
+
+/// What the router needs to know about one LLM request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptRequest {
+    pub api: Api,
+    pub model: String,
+    pub prompt: Prompt,
+    pub stream: bool,
+    pub max_tokens: Option<u32>,
+    /// vLLM's `cache_salt`: requests with different salts never share cache.
+    pub cache_salt: String,
+}
+
+impl PromptRequest {
+    /// The text approximate keys are cut from (empty for token prompts).
+    pub fn canonical_text(&self) -> &str {
+        match &self.prompt {
+            Prompt::Tokens(_) => "",
+            Prompt::Text(t) => t,
+            Prompt::Chat { canonical, .. } => canonical,
+        }
+    }
+}
+
+/// Why a body could not be understood. The message names the offending field.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("body is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("body must be a JSON object")]
+    NotObject,
+    #[error("missing field `{0}`")]
+    Missing(&'static str),
+    #[error("field `{field}` {why}")]
+    Invalid { field: &'static str, why: &'static str },
+}
+
+impl ParseError {
+    /// A short, stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ParseError::NotJson(_) => "not_json",
+            ParseError::NotObject => "not_object",
+            ParseError::Missing(_) => "missing_field",
+            ParseError::Invalid { .. } => "invalid_field",
+        }
+    }
+}
+
+fn invalid(field: &'static str, why: &'static str) -> ParseError {
+    ParseError::Invalid { field, why }
+}
+
+/// Parses a request body sent to `api`.
+pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ParseError::NotJson(e.to_string()))?;
+    let Value::Object(obj) = value else {
+        return Err(ParseError::NotObject);
+    };
+    let model = match obj.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => return Err(invalid("model", "must be a string")),
+        None => return Err(ParseError::Missing("model")),
+    };
+    let prompt = match api {
+        Api::Completions => completion_prompt(&obj)?,
+        Api::ChatCompletions | Api::Messages => chat_prompt(api, &obj)?,
+    };
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("stream", "must be a boolean")),
+    };
+    let max_tokens = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|f| obj.get(*f).filter(|v| !v.is_null()))
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or(invalid("max_tokens", "must be a non-negative integer")))
+        .transpose()?;
+    let cache_salt = match obj.get("cache_salt") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(invalid("cache_salt", "must be a string")),
+    };
+    Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt })
+}
+
+fn completion_prompt(obj: &Map<String, Value>) -> Result<Prompt, ParseError> {
+    let prompt = obj.get("prompt").ok_or(ParseError::Missing("prompt"))?;
+    match prompt {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) => match items.first() {
+            None => Err(invalid("prompt", "must not be empty")),
+            Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+            Some(Value::Number(_)) => token_ids(items).map(Prompt::Tokens),
+            Some(Value::Array(first)) => token_ids(first).map(Prompt::Tokens),
+            Some(_) => Err(invalid("prompt", "must be a string, token ids, or a list of either")),
+        },
+        _ => Err(invalid("prompt", "must be a string, token ids, or a list of either")),
+    }
+}
+
+fn token_ids(items: &[Value]) -> Result<Vec<u32>, ParseError> {
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or(invalid("prompt", "token ids must be non-negative 32-bit integers"))
+}
+
+/// Fields a chat template may read besides `messages`.
+const TEMPLATE_FIELDS: [&str; 5] = ["tools", "system", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"];
+
+fn chat_prompt(api: Api, obj: &Map<String, Value>) -> Result<Prompt, ParseError> {
+    let messages = match obj.get("messages") {
+        Some(Value::Array(m)) => m,
+        Some(_) => return Err(invalid("messages", "must be an array")),
+        None => return Err(ParseError::Missing("messages")),
+    };
+    let mut canonical = String::new();
+    if api == Api::Messages {
+        if let Some(system) = obj.get("system") {
+            canonical.push_str("system\n");
+            push_content(&mut canonical, system);
+            canonical.push_str("\n\n");
+        }
+    }
+    for message in messages {
+        let Value::Object(m) = message else {
+            return Err(invalid("messages", "entries must be objects"));
+        };
+        let Some(Value::String(role)) = m.get("role") else {
+            return Err(invalid("messages", "entries need a string `role`"));
+        };
+        canonical.push_str(role);
+        canonical.push('\n');
+        if let Some(content) = m.get("content") {
+            push_content(&mut canonical, content);
+        }
+        if let Some(calls) = m.get("tool_calls") {
+            let _ = write!(canonical, "{calls}");
+        }
+        canonical.push_str("\n\n");
+    }
+    let mut input = Map::new();
+    input.insert("messages".into(), Value::Array(messages.clone()));
+    for field in TEMPLATE_FIELDS {
+        if let Some(v) = obj.get(field).filter(|v| !v.is_null()) {
+            input.insert(field.into(), v.clone());
+        }
+    }
+    Ok(Prompt::Chat { template_input: Value::Object(input).to_string(), canonical })
+}
+
+/// Appends the text of OpenAI content (string or parts) or Anthropic blocks.
+fn push_content(out: &mut String, content: &Value) {
+    match content {
+        Value::String(s) => out.push_str(s),
+        Value::Array(parts) => {
+            for part in parts {
+                match part {
+                    Value::String(s) => out.push_str(s),
+                    Value::Object(p) => match p.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            if let Some(t) = p.get("text").and_then(Value::as_str) {
+                                out.push_str(t);
+                            }
+                        }
+                        Some("tool_use") => {
+                            let _ = write!(out, "{}", p.get("input").unwrap_or(&Value::Null));
+                        }
+                        Some("tool_result") => {
+                            if let Some(c) = p.get("content") {
+                                push_content(out, c);
+                            }
+                        }
+                        // Images and other media: a stable marker, their bytes are not text.
+                        Some(other) => {
+                            let _ = write!(out, "<{other}>");
+                        }
+                        None => {}
+                    },
+                    _ => {}
+                }
+            }
+        }
+        Value::Null => {}
+        other => {
+            let _ = write!(out, "{other}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(api: Api, body: &str) -> Result<PromptRequest, ParseError> {
+        parse(api, body.as_bytes())
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(Api::from_path("/v1/completions"), Some(Api::Completions));
+        assert_eq!(Api::from_path("/v1/chat/completions?x=1"), Some(Api::ChatCompletions));
+        assert_eq!(Api::from_path("/v1/messages"), Some(Api::Messages));
+        assert_eq!(Api::from_path("/v1/models"), None);
+        assert_eq!(Api::from_path("/v1/completionsx"), None);
+    }
+
+    #[test]
+    fn completion_prompt_forms() {
+        let r = p(Api::Completions, r#"{"model":"m","prompt":"hi","max_tokens":5,"stream":true}"#).unwrap();
+        assert_eq!(r.prompt, Prompt::Text("hi".into()));
+        assert_eq!((r.max_tokens, r.stream), (Some(5), true));
+        let r = p(Api::Completions, r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(r.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        let r = p(Api::Completions, r#"{"model":"m","prompt":[[4,5],[6]]}"#).unwrap();
+        assert_eq!(r.prompt, Prompt::Tokens(vec![4, 5]));
+        let r = p(Api::Completions, r#"{"model":"m","prompt":["a","b"],"cache_salt":"s"}"#).unwrap();
+        assert_eq!(r.prompt, Prompt::Text("a".into()));
+        assert_eq!(r.cache_salt, "s");
+    }
+
+    #[test]
+    fn chat_forms() {
+        let body = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},
+            {"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"x"}}]}],
+            "tools":[{"type":"function","function":{"name":"f"}}]}"#;
+        let r = p(Api::ChatCompletions, body).unwrap();
+        let Prompt::Chat { template_input, canonical } = r.prompt else { panic!("not chat") };
+        assert_eq!(canonical, "system\nbe brief\n\nuser\nlook<image_url>\n\n");
+        let v: Value = serde_json::from_str(&template_input).unwrap();
+        assert_eq!(v["messages"].as_array().unwrap().len(), 2);
+        assert_eq!(v["tools"][0]["function"]["name"], "f");
+    }
+
+    #[test]
+    fn anthropic_messages() {
+        let body = r#"{"model":"m","max_tokens":64,"system":[{"type":"text","text":"sys"}],
+            "messages":[{"role":"user","content":"q"},
+              {"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]},
+              {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"42"}]}]}"#;
+        let r = p(Api::Messages, body).unwrap();
+        assert_eq!(r.canonical_text(), "system\nsys\n\nuser\nq\n\nassistant\n{\"a\":1}\n\nuser\n42\n\n");
+        assert_eq!(r.max_tokens, Some(64));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(matches!(p(Api::Completions, "{"), Err(ParseError::NotJson(_))));
+        assert_eq!(p(Api::Completions, "[]"), Err(ParseError::NotObject));
+        assert_eq!(p(Api::Completions, r#"{"prompt":"x"}"#), Err(ParseError::Missing("model")));
+        assert_eq!(p(Api::Completions, r#"{"model":"m"}"#), Err(ParseError::Missing("prompt")));
+        assert_eq!(p(Api::Completions, r#"{"model":"m","prompt":[-1]}"#).unwrap_err().kind(), "invalid_field");
+        assert_eq!(p(Api::ChatCompletions, r#"{"model":"m","messages":{}}"#).unwrap_err().kind(), "invalid_field");
+        assert_eq!(p(Api::ChatCompletions, r#"{"model":"m","messages":[{"content":"x"}]}"#).unwrap_err().kind(), "invalid_field");
+        let e = p(Api::Completions, r#"{"model":"m","prompt":"x","max_tokens":-3}"#).unwrap_err();
+        assert_eq!(e.to_string(), "field `max_tokens` must be a non-negative integer");
+    }
+}

@@ -1,0 +1,1 @@
+//! kvroute-filter (in progress).

