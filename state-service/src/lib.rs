@@ -1,1 +1,6 @@
-//! kvroute-state (in progress).
+//! kvroute-state: the state service. Knows what every vLLM engine holds in its KV cache (from
+//! vLLM's KV-cache events) and how busy it is (from its metrics and our own assignments), and
+//! answers "where should this request go?" with a predicted time to first token.
+
+pub mod index;
+pub mod types;
