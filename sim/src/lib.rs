@@ -7,3 +7,7 @@
 
 pub mod engine;
 pub mod ids;
+pub mod events;
+pub mod metrics;
+pub mod worker;
+pub mod chat;

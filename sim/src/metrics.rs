@@ -1,0 +1,115 @@
+//! `/metrics` in Prometheus text format with vLLM's metric names and labels
+//! (`model_name`, `engine`). Rendered straight from the engine's own counters, so what a
+//! router scrapes is what the engine did. Only the families a router reads are emitted.
+
+use crate::engine::stats::Histogram;
+use crate::engine::Engine;
+use std::fmt::Write;
+
+pub struct MetricsInput<'a> {
+    pub model: &'a str,
+    pub engine_index: u32,
+    pub engine: &'a Engine,
+}
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Render the exposition text.
+pub fn render(m: &MetricsInput<'_>) -> String {
+    let labels = format!("model_name=\"{}\",engine=\"{}\"", esc(m.model), m.engine_index);
+    let e = m.engine;
+    let st = e.stats();
+    let cfg = e.config();
+    let mut out = String::with_capacity(8192);
+    let mut gauge = |name: &str, help: &str, v: f64| {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}\n");
+    };
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", e.num_running() as f64);
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", e.num_waiting() as f64);
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage());
+    let _ = write!(
+        out,
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"fp8\",enable_prefix_caching=\"True\",engine=\"{}\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256_cbor\"}} 1.0\n",
+        cfg.block_size, m.engine_index, cfg.num_gpu_blocks
+    );
+    let counters: [(&str, &str, u64); 6] = [
+        ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", st.prefix_cache_queries),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", st.prefix_cache_hits),
+        ("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens),
+        ("vllm:generation_tokens", "Number of generation tokens processed.", st.generation_tokens),
+        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", st.preemptions),
+        ("vllm:request_success", "Count of successfully processed requests.", st.requests_finished),
+    ];
+    for (name, help, v) in counters {
+        let _ = write!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {v}.0\n");
+    }
+    let hists: [(&str, &str, &Histogram); 4] = [
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &st.ttft),
+        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &st.e2e),
+        ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &st.queue_time),
+        ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", &st.prefill_time),
+    ];
+    for (name, help, h) in hists {
+        write_histogram(&mut out, name, help, &labels, h);
+    }
+    out
+}
+
+fn write_histogram(out: &mut String, name: &str, help: &str, labels: &str, h: &Histogram) {
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} histogram\n");
+    let mut cum = 0;
+    for (b, c) in h.bounds.iter().zip(&h.counts) {
+        cum += c;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b:?}\"}} {cum}.0");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}.0", h.count);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}.0", h.count);
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
+}
+
+/// Parse one sample value out of exposition text (tests and the calibrate example).
+pub fn sample(text: &str, name_with_labels_prefix: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(name_with_labels_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineConfig, NewRequest};
+    use crate::ids::RequestId;
+
+    #[test]
+    fn metrics_agree_with_engine_state() {
+        let mut e = Engine::new(EngineConfig { max_num_batched_tokens: 64, ..EngineConfig::default() });
+        for id in 0..3 {
+            let prompt = (0..100).collect();
+            let r = NewRequest { id: RequestId(id), prompt, max_tokens: 3, ignore_eos: true, cache_salt: None };
+            e.add_request(r, 0.0).unwrap();
+        }
+        let mut now = 0.0;
+        for _ in 0..3 {
+            now += e.step(now).duration_s;
+        }
+        let text = render(&MetricsInput { model: "m", engine_index: 0, engine: &e });
+        let l = "{model_name=\"m\",engine=\"0\"}";
+        let get = |n: &str| sample(&text, &format!("{n}{l}")).unwrap();
+        assert_eq!(get("vllm:num_requests_running"), e.num_running() as f64);
+        assert_eq!(get("vllm:num_requests_waiting"), e.num_waiting() as f64);
+        assert_eq!(get("vllm:kv_cache_usage_perc"), e.kv_usage());
+        assert!(e.kv_usage() > 0.0);
+        let st = e.stats();
+        assert_eq!(get("vllm:prefix_cache_queries_total"), st.prefix_cache_queries as f64);
+        assert_eq!(get("vllm:prefix_cache_hits_total"), st.prefix_cache_hits as f64);
+        assert_eq!(get("vllm:generation_tokens_total"), st.generation_tokens as f64);
+        assert_eq!(get("vllm:time_to_first_token_seconds_count"), st.ttft.count as f64);
+        assert!(text.contains("num_gpu_blocks=\"5600\""));
+        assert!(text.contains("block_size=\"16\""));
+    }
+}
