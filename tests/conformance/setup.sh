@@ -8,20 +8,16 @@
 # Produces (all under the gitignored /work/main/.cache, never committed):
 #   .cache/venv-vllm/              python3 -m venv with pyzmq, msgspec, pydantic,
 #                                  psutil, urllib3, cbor2 (no torch, no vllm install)
-#   .cache/vllm-0.33.0.tar.gz      the vllm sdist (47 MB; the x86_64 wheel is 336 MB)
+#   .cache/vllm-wheel/             the vllm wheel (336 MB, downloaded once)
 #   .cache/vllm-src/vllm/...       ONLY the vLLM files the harness loads (list below),
-#                                  extracted unmodified from the sdist
+#                                  extracted unmodified from the wheel
 #   .cache/vllm-src/.complete      stamp
 #
-# Why the sdist and not `pip download vllm==0.33.0 --no-deps`: the wheel is 336 MB,
-# the sdist 47 MB and contains the same vllm/*.py files. `pip download` cannot fetch
-# vllm's sdist without building its metadata (setup.py imports torch), so the sdist
-# is fetched from the PyPI simple index (PEP 691 JSON) that pip itself uses, and its
-# sha256 is checked against the index. If that fails for any reason we fall back to
-# `pip download vllm==0.33.0 --no-deps --only-binary :all:` (the wheel).
+# The wheel comes through `pip download` (pip's own index settings). Only the files
+# listed below are extracted.
 #
 # Env overrides: KVROUTE_CACHE_DIR (default <repo>/.cache), PYTHON (default python3),
-# PIP_INDEX_URL (default the index pip is configured with).
+# and pip's own index settings.
 set -euo pipefail
 
 VLLM_VERSION="0.33.0"
@@ -31,10 +27,8 @@ CACHE="${KVROUTE_CACHE_DIR:-$REPO/.cache}"
 VENV="$CACHE/venv-vllm"
 SRC="$CACHE/vllm-src"
 PY="${PYTHON:-python3}"
-INDEX="${PIP_INDEX_URL:-the index pip is configured with}"
-INDEX="${INDEX%/}"
 
-# vLLM files extracted from the sdist. The first four are imported (really
+# vLLM files extracted from the wheel. The first four are imported (really
 # executed) by the harness; the last three are extracted for reference only
 # (the shim checks the ExternalBlockHash definition in kv_cache_utils.py and the
 # `config` decorator in config/utils.py against its stand-ins, and hashing.py
@@ -78,49 +72,16 @@ fi
 
 # 2. vllm sources -----------------------------------------------------------
 if [[ ! -f "$SRC/.complete" ]]; then
-  archive=""
-  sdist="$CACHE/vllm-$VLLM_VERSION.tar.gz"
-  if [[ -f "$sdist" ]] && "$VENV/bin/python" - "$sdist" <<'EOF'
-import sys, tarfile
-tarfile.open(sys.argv[1]).getmember("vllm-0.33.0/vllm/distributed/kv_events.py")
-EOF
-  then
-    archive="$sdist"
-  else
-    log "fetching vllm==$VLLM_VERSION sdist via $INDEX"
-    if "$VENV/bin/python" - "$INDEX" "$VLLM_VERSION" "$sdist" <<'EOF'
-# Fetch the sdist exactly as pip would find it (PEP 691 JSON simple index) and
-# verify the index's sha256. Only the `vllm` project page is queried.
-import hashlib, json, os, sys, urllib.request
-index, version, dest = sys.argv[1:4]
-name = f"vllm-{version}.tar.gz"
-req = urllib.request.Request(f"{index}/vllm/",
-                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-with urllib.request.urlopen(req, timeout=60) as r:
-    files = json.load(r)["files"]
-f = next(f for f in files if f["filename"] == name)
-tmp = dest + ".part"
-h = hashlib.sha256()
-with urllib.request.urlopen(f["url"], timeout=300) as r, open(tmp, "wb") as out:
-    while chunk := r.read(1 << 20):
-        h.update(chunk)
-        out.write(chunk)
-want = f["hashes"]["sha256"]
-if h.hexdigest() != want:
-    os.unlink(tmp)
-    sys.exit(f"sha256 mismatch for {name}: {h.hexdigest()} != {want}")
-os.replace(tmp, dest)
-print(f"{name}: {os.path.getsize(dest)} bytes, sha256 {want}", file=sys.stderr)
-EOF
-    then
-      archive="$sdist"
-    else
-      log "sdist fetch failed; falling back to pip download of the wheel (336 MB)"
-      mkdir -p "$CACHE/vllm-wheel-conformance"
-      "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check \
-        --no-deps --only-binary :all: "vllm==$VLLM_VERSION" -d "$CACHE/vllm-wheel-conformance"
-      archive="$(ls "$CACHE"/vllm-wheel-conformance/vllm-"$VLLM_VERSION"-*.whl | head -1)"
-    fi
+  # The wheel, through pip's own configured index. (The sdist is smaller, but pip cannot
+  # fetch it without building its metadata, and vLLM's setup.py imports torch.)
+  wheels="$CACHE/vllm-wheel"
+  archive="$(ls "$wheels"/vllm-"$VLLM_VERSION"-*.whl 2>/dev/null | head -1 || true)"
+  if [[ -z "$archive" ]]; then
+    log "pip download vllm==$VLLM_VERSION (wheel, no deps)"
+    mkdir -p "$wheels"
+    "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check \
+      --no-deps --only-binary :all: "vllm==$VLLM_VERSION" -d "$wheels"
+    archive="$(ls "$wheels"/vllm-"$VLLM_VERSION"-*.whl | head -1)"
   fi
   log "extracting ${#FILES[@]} files from $(basename "$archive")"
   rm -rf "$SRC.tmp" && mkdir -p "$SRC.tmp"
