@@ -11,3 +11,5 @@ pub mod events;
 pub mod metrics;
 pub mod worker;
 pub mod chat;
+pub mod http;
+pub mod cluster;

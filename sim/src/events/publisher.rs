@@ -89,8 +89,12 @@ fn zerr(endpoint: &str) -> impl FnOnce(zmq::Error) -> PublisherError + '_ {
 }
 
 /// Bind the sockets and start the publisher thread. Binding happens before returning so
-/// port clashes surface as errors here.
-pub fn spawn_publisher(ctx: &zmq::Context, cfg: PublisherConfig) -> Result<PublisherHandle, PublisherError> {
+/// port clashes surface as errors here. Returns the handle and the endpoints actually bound
+/// (`tcp://host:*` picks a free port).
+pub fn spawn_publisher(
+    ctx: &zmq::Context,
+    cfg: PublisherConfig,
+) -> Result<(PublisherHandle, String, Option<String>), PublisherError> {
     let pub_sock = ctx.socket(zmq::PUB).map_err(zerr(&cfg.endpoint))?;
     pub_sock.set_sndhwm(cfg.hwm).map_err(zerr(&cfg.endpoint))?;
     pub_sock.set_linger(0).map_err(zerr(&cfg.endpoint))?;
@@ -105,6 +109,14 @@ pub fn spawn_publisher(ctx: &zmq::Context, cfg: PublisherConfig) -> Result<Publi
         }
         None => None,
     };
+    let bound = |s: &zmq::Socket, ep: &str| -> String {
+        match s.get_last_endpoint() {
+            Ok(Ok(e)) => e,
+            _ => ep.to_string(),
+        }
+    };
+    let pub_ep = bound(&pub_sock, &cfg.endpoint);
+    let replay_ep = replay.as_ref().zip(cfg.replay_endpoint.as_deref()).map(|(s, ep)| bound(s, ep));
     let stats = Arc::new(PublisherStats::default());
     let (tx, rx) = mpsc::channel();
     let state = State {
@@ -120,7 +132,7 @@ pub fn spawn_publisher(ctx: &zmq::Context, cfg: PublisherConfig) -> Result<Publi
         .name("kv-event-pub".into())
         .spawn(move || run(state, rx))
         .map_err(|_| PublisherError::Thread)?;
-    Ok(PublisherHandle { tx, stats })
+    Ok((PublisherHandle { tx, stats }, pub_ep, replay_ep))
 }
 
 fn run(mut st: State, rx: mpsc::Receiver<PubCommand>) {

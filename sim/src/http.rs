@@ -1,0 +1,59 @@
+//! The per-worker HTTP surface: OpenAI-compatible endpoints (`openai`), vLLM's extra
+//! endpoints and the simulator's own admin/debug endpoints (`admin`). Every response
+//! carries `x-sim-worker: <id>` so end-to-end tests know who served a request.
+
+mod admin;
+mod error;
+mod openai;
+mod stream;
+
+use crate::chat::ChatTokenizer;
+use crate::worker::Worker;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+pub use error::ApiError;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Fault knobs currently applied to a worker (reported by `/sim/state`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Faults {
+    pub drop_fraction: f64,
+    pub stop_publishing: bool,
+    pub slowdown: f64,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub worker: Worker,
+    pub tokenizer: Arc<ChatTokenizer>,
+    pub faults: Arc<Mutex<Faults>>,
+    /// Endpoints advertised by `/sim/state`.
+    pub layout: Arc<serde_json::Value>,
+}
+
+pub fn app(state: AppState) -> Router {
+    let header = HeaderValue::from_str(&state.worker.id.to_string()).unwrap_or(HeaderValue::from_static("?"));
+    Router::new()
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(admin::models))
+        .route("/health", get(admin::health))
+        .route("/tokenize", post(admin::tokenize))
+        .route("/metrics", get(admin::metrics))
+        .route("/reset_prefix_cache", post(admin::reset_prefix_cache))
+        .route("/sim/reset_prefix_cache", post(admin::reset_prefix_cache))
+        .route("/sim/state", get(admin::state))
+        .route("/sim/fault", post(admin::fault))
+        .with_state(state)
+        .layer(axum::middleware::map_response(move |mut r: Response| {
+            let header = header.clone();
+            async move {
+                r.headers_mut().insert("x-sim-worker", header);
+                r
+            }
+        }))
+}

@@ -1,0 +1,55 @@
+//! One error type for every handler, mapped to vLLM's OpenAI-style error body in one place.
+
+use crate::chat::ChatError;
+use crate::engine::EngineError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::Engine(_) => StatusCode::BAD_REQUEST,
+            ApiError::Chat(ChatError::Io { .. } | ChatError::Tokenizer { .. } | ChatError::NoTemplate) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            ApiError::Chat(_) => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let kind = match status {
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            _ => "InternalServerError",
+        };
+        let body = serde_json::json!({
+            "error": {"message": self.to_string(), "type": kind, "param": null, "code": status.as_u16()}
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+/// Parse a JSON body, turning serde's message into a 400.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
+}

@@ -1,0 +1,128 @@
+//! `/v1/completions` and `/v1/chat/completions`: parse, tokenize, submit to the engine,
+//! then answer in one piece or as a stream (see `stream.rs`).
+
+use super::error::{parse_json, ApiError};
+use super::stream::{collect, sse_response, Kind, Params};
+use super::AppState;
+use crate::chat::ChatValue;
+use crate::engine::NewRequest;
+use crate::ids::RequestId;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use serde::Deserialize;
+
+#[derive(Deserialize, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Tokens(Vec<u32>),
+    Text(String),
+    TokenBatch(Vec<Vec<u32>>),
+    TextBatch(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    model: Option<String>,
+    prompt: Prompt,
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
+    cache_salt: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    model: Option<String>,
+    messages: ChatValue,
+    tools: Option<ChatValue>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
+    cache_salt: Option<String>,
+    add_generation_prompt: Option<bool>,
+    chat_template_kwargs: Option<ChatValue>,
+}
+
+pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if !m.is_empty() && m != &*state.worker.model => Err(ApiError::ModelNotFound(m.to_string())),
+        _ => Ok(()),
+    }
+}
+
+fn max_tokens(v: Option<i64>, default: usize) -> Result<usize, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(n) if n >= 1 => Ok(n as usize),
+        Some(n) => Err(ApiError::BadRequest(format!("max_tokens must be at least 1, got {n}"))),
+    }
+}
+
+fn present(v: Option<ChatValue>) -> Option<ChatValue> {
+    v.filter(|v| !v.0.is_none() && !v.0.is_undefined())
+}
+
+pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CompletionBody = parse_json(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    let prompt = match req.prompt {
+        Prompt::Tokens(t) => t,
+        Prompt::Text(s) => state.tokenizer.encode_text(&s)?,
+        Prompt::TokenBatch(mut b) if b.len() == 1 => b.remove(0),
+        Prompt::TextBatch(b) if b.len() == 1 => state.tokenizer.encode_text(&b[0])?,
+        _ => return Err(ApiError::BadRequest("batched prompts are not supported by kvroute-sim".into())),
+    };
+    // vLLM's CompletionRequest defaults max_tokens to 16.
+    let max = max_tokens(req.max_tokens, 16)?;
+    let include_usage = req.stream_options.unwrap_or_default().include_usage;
+    run(&state, prompt, max, req.ignore_eos, req.cache_salt, Kind::Completion, req.stream, include_usage).await
+}
+
+pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatBody = parse_json(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    let tools = present(req.tools);
+    let kwargs = present(req.chat_template_kwargs);
+    let agp = req.add_generation_prompt.unwrap_or(true);
+    let prompt = state.tokenizer.encode_chat(&req.messages, tools.as_ref(), agp, kwargs.as_ref())?;
+    // vLLM's chat default: whatever context is left after the prompt.
+    let room = state.worker.inner.lock().engine.config().max_model_len.saturating_sub(prompt.len()).max(1);
+    let max = max_tokens(req.max_completion_tokens.or(req.max_tokens), room)?;
+    let include_usage = req.stream_options.unwrap_or_default().include_usage;
+    run(&state, prompt, max, req.ignore_eos, req.cache_salt, Kind::Chat, req.stream, include_usage).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    state: &AppState,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    ignore_eos: bool,
+    cache_salt: Option<String>,
+    kind: Kind,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let new = NewRequest { id: RequestId(0), prompt, max_tokens, ignore_eos, cache_salt };
+    let (id, rx) = state.worker.submit(new)?;
+    let params = Params { kind, model: state.worker.model.to_string(), request: id, include_usage };
+    if stream {
+        Ok(sse_response(params, rx))
+    } else {
+        collect(params, rx).await
+    }
+}
