@@ -2,5 +2,6 @@
 //! vLLM's KV-cache events) and how busy it is (from its metrics and our own assignments), and
 //! answers "where should this request go?" with a predicted time to first token.
 
+pub mod events;
 pub mod index;
 pub mod types;
