@@ -2,6 +2,11 @@
 //! vLLM's KV-cache events) and how busy it is (from its metrics and our own assignments), and
 //! answers "where should this request go?" with a predicted time to first token.
 
+pub mod assign;
+pub mod config;
 pub mod events;
 pub mod index;
+pub mod load;
+pub mod registry;
+pub mod score;
 pub mod types;

@@ -1,0 +1,59 @@
+//! Assignments: the picks we made and have not heard the end of.
+//!
+//! A pick creates an [`Assignment`]; the proxy's reports move it along: FIRST_TOKEN records
+//! the actual TTFT (for calibration and the predicted-vs-actual metric), COMPLETE and CANCEL
+//! free it. Reports get lost (proxy restarts, aborted streams), so a TTL frees what nobody
+//! reported: a shorter one while the first token is outstanding, a longer one after.
+//!
+//! Per-worker totals (in flight, waiting for a first token, their uncached tokens) are kept
+//! incrementally: every pick reads them, so they must not cost a scan.
+//!
+//! [`speculative`] holds the short-lived credit a pick gives its worker for the request's keys.
+
+pub mod speculative;
+mod table;
+
+pub use speculative::Speculative;
+pub use table::{Assignments, Expired, Pending};
+
+use crate::score::{Features, Policy};
+use crate::types::WorkerId;
+use std::fmt;
+use tokio::time::Instant;
+
+/// Names one pick in later reports. Never 0.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct AssignmentId(pub u64);
+
+impl fmt::Display for AssignmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    pub id: AssignmentId,
+    pub worker: WorkerId,
+    pub policy: Policy,
+    pub prompt_tokens: u32,
+    pub uncached_tokens: u32,
+    pub predicted_ttft_ms: f64,
+    /// Model inputs at pick time, for calibration.
+    pub features: Features,
+    pub created_at: Instant,
+    /// When the first-token report arrived.
+    pub first_token_at: Option<Instant>,
+}
+
+/// What a report did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReportOutcome {
+    /// First token of a live assignment: the caller calibrates with it.
+    FirstToken(Assignment),
+    /// A repeated first-token report: ignored.
+    Duplicate,
+    Freed(Assignment),
+    /// No such assignment (already freed, expired, or never ours).
+    Unknown,
+}

@@ -1,0 +1,62 @@
+//! Service configuration: a TOML file, overridable by CLI flags and environment variables.
+//!
+//! The file is the source of truth for the fleet (workers, models, timeouts); the few flags a
+//! benchmark or a container wants to change without editing it (listen address, policy, admin
+//! token) override it. Everything is validated once at start-up, and again for every worker
+//! registered at runtime, so the rest of the service can trust what it reads here.
+
+mod cli;
+mod file;
+mod validate;
+
+pub use cli::Cli;
+pub use file::{Config, ModelConfig, Priors, Timeouts, WorkerConfig};
+pub use validate::ConfigError;
+
+use crate::score::Policy;
+use std::path::Path;
+
+impl Config {
+    /// Parses TOML text and validates it.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?;
+        Config::from_toml(&text)
+    }
+
+    /// Loads the file named by `cli` and applies its overrides.
+    pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
+        let mut config = match &cli.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(listen) = cli.listen {
+            config.listen = listen;
+        }
+        if let Some(policy) = cli.policy {
+            config.policy = policy;
+        }
+        if let Some(token) = &cli.admin_token {
+            config.admin_token = Some(token.clone());
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The block size kvroute keys of `model` are cut with.
+    pub fn block_size(&self, model: &str) -> u32 {
+        self.models.get(model).and_then(|m| m.block_size).unwrap_or(file::DEFAULT_BLOCK_SIZE)
+    }
+
+    /// The policy in force at start-up.
+    pub fn initial_policy(&self) -> Policy {
+        self.policy
+    }
+}

@@ -1,0 +1,25 @@
+//! Command-line flags. Each flag also reads an environment variable, so a container can be
+//! configured without a shell.
+
+use crate::score::Policy;
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// `kvroute-state --config path.toml [--listen 127.0.0.1:9000] [--policy kvroute]`
+#[derive(Debug, Parser, Default)]
+#[command(name = "kvroute-state", version, about = "kvroute state service")]
+pub struct Cli {
+    /// TOML config file (workers, models, timeouts).
+    #[arg(long, env = "KVROUTE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Overrides `listen` from the file.
+    #[arg(long, env = "KVROUTE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Overrides `policy`: kvroute | random | round_robin | least_loaded | approx_prefix.
+    #[arg(long, env = "KVROUTE_POLICY")]
+    pub policy: Option<Policy>,
+    /// Overrides `admin_token`.
+    #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}

@@ -1,0 +1,172 @@
+//! The config file's shape, with every default in one place.
+
+use crate::score::Policy;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+/// vLLM's default `--block-size`.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Bearer token for `/admin/*`. Without one the admin API is disabled (403).
+    pub admin_token: Option<String>,
+    pub policy: Policy,
+    /// Seeds tie-breaking and assignment ids (tests, reproducible benchmarks).
+    pub seed: Option<u64>,
+    /// Must equal the filter's text chunk size (core::keys::DEFAULT_TEXT_CHUNK_BYTES).
+    pub text_chunk_bytes: u32,
+    /// Bound of the learned text-chunk map (approx_prefix and degraded kvroute picks).
+    pub approx_capacity: usize,
+    /// Consecutive failed scrapes after which a worker is taken out of picks.
+    pub unhealthy_after: u32,
+    pub timeouts: Timeouts,
+    /// Defaults for every worker's cost model; a worker may override them.
+    pub priors: Priors,
+    pub models: BTreeMap<String, ModelConfig>,
+    pub workers: Vec<WorkerConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            admin_token: None,
+            policy: Policy::Kvroute,
+            seed: None,
+            text_chunk_bytes: kvroute_core::keys::DEFAULT_TEXT_CHUNK_BYTES as u32,
+            approx_capacity: 100_000,
+            unhealthy_after: 3,
+            timeouts: Timeouts::default(),
+            priors: Priors::default(),
+            models: BTreeMap::new(),
+            workers: Vec::new(),
+        }
+    }
+}
+
+/// Every duration, in milliseconds.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timeouts {
+    pub scrape_interval_ms: u64,
+    pub scrape_timeout_ms: u64,
+    /// An assignment nobody reported complete or cancelled is freed after this.
+    pub assignment_ttl_ms: u64,
+    /// An assignment without a first-token report is freed after this.
+    pub first_token_ttl_ms: u64,
+    /// How long a pick credits the chosen worker with the request's keys.
+    pub speculative_ttl_ms: u64,
+    /// An engine silent for longer is shown as stale in `/v1/workers`.
+    pub staleness_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            scrape_interval_ms: 200,
+            scrape_timeout_ms: 150,
+            assignment_ttl_ms: 600_000,
+            first_token_ttl_ms: 120_000,
+            speculative_ttl_ms: 2_000,
+            staleness_ms: 30_000,
+        }
+    }
+}
+
+/// Cost-model priors: where online calibration starts.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Priors {
+    /// Prefill cost of one uncached prompt token.
+    pub per_token_ms: f64,
+    /// Fixed cost of one request before its first token (scheduling, sampling, network).
+    pub overhead_ms: f64,
+    /// Extra queue wait per running sequence (decode steps interleaved with prefill).
+    pub decode_ms_per_running: f64,
+    /// Prompt size assumed for waiting requests we did not route ourselves.
+    pub default_request_tokens: u32,
+}
+
+impl Default for Priors {
+    fn default() -> Self {
+        Priors { per_token_ms: 0.1, overhead_ms: 15.0, decode_ms_per_running: 0.5, default_request_tokens: 512 }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// vLLM's `--block-size` for this model; every worker of the model must use it.
+    pub block_size: Option<u32>,
+}
+
+/// One vLLM server. With data parallelism it runs `dp_ranks` engines, rank r publishing on
+/// the configured event/replay ports + r.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub id: String,
+    pub model: String,
+    /// `host:port` the proxy routes to (endpoint-override mode).
+    #[serde(default)]
+    pub endpoint: String,
+    /// Cluster name (cluster-header mode).
+    #[serde(default)]
+    pub cluster: String,
+    /// ZMQ endpoint of rank 0's KV-event publisher, e.g. `tcp://10.0.0.5:5557`.
+    #[serde(default)]
+    pub events_endpoint: Option<String>,
+    /// ZMQ endpoint of rank 0's replay socket.
+    #[serde(default)]
+    pub replay_endpoint: Option<String>,
+    #[serde(default)]
+    pub topic: String,
+    /// e.g. `http://10.0.0.5:8000/metrics`; without it load comes from assignments only.
+    #[serde(default)]
+    pub metrics_url: Option<String>,
+    /// Defaults to the model's block size.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    #[serde(default = "one")]
+    pub dp_ranks: u32,
+    #[serde(default)]
+    pub per_token_ms: Option<f64>,
+    #[serde(default)]
+    pub overhead_ms: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl WorkerConfig {
+    /// A worker with only the required fields set (tests, registration).
+    pub fn new(id: &str, model: &str) -> Self {
+        WorkerConfig {
+            id: id.to_string(),
+            model: model.to_string(),
+            endpoint: String::new(),
+            cluster: String::new(),
+            events_endpoint: None,
+            replay_endpoint: None,
+            topic: String::new(),
+            metrics_url: None,
+            block_size: None,
+            dp_ranks: 1,
+            per_token_ms: None,
+            overhead_ms: None,
+        }
+    }
+
+    /// Rank `rank`'s endpoint: the port of `endpoint` plus `rank`, as vLLM assigns them.
+    pub fn rank_endpoint(endpoint: &str, rank: u32) -> Option<String> {
+        let (head, port) = endpoint.rsplit_once(':')?;
+        let port: u32 = port.parse().ok()?;
+        let port = u16::try_from(port + rank).ok()?;
+        Some(format!("{head}:{port}"))
+    }
+}

@@ -1,0 +1,195 @@
+//! Config validation: every error names the field and what is wrong with it.
+
+use super::file::{Config, WorkerConfig, DEFAULT_BLOCK_SIZE};
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("invalid config TOML: {0}")]
+    Parse(String),
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), message: message.into() }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_globals()?;
+        let mut ids = BTreeSet::new();
+        let mut block_sizes: BTreeMap<&str, u32> = BTreeMap::new();
+        for (i, worker) in self.workers.iter().enumerate() {
+            let field = format!("workers[{i}] ({})", worker.id);
+            self.validate_worker(worker).map_err(|e| prefix(&field, e))?;
+            if !ids.insert(worker.id.as_str()) {
+                return Err(invalid(field, "duplicate worker id"));
+            }
+            let size = self.worker_block_size(worker);
+            if let Some(prev) = block_sizes.insert(&worker.model, size) {
+                if prev != size {
+                    return Err(invalid(field, format!("block_size {size} differs from {prev} of another worker of model {}", worker.model)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_globals(&self) -> Result<(), ConfigError> {
+        let t = &self.timeouts;
+        for (name, v) in [
+            ("timeouts.scrape_interval_ms", t.scrape_interval_ms),
+            ("timeouts.scrape_timeout_ms", t.scrape_timeout_ms),
+            ("timeouts.assignment_ttl_ms", t.assignment_ttl_ms),
+            ("timeouts.first_token_ttl_ms", t.first_token_ttl_ms),
+            ("timeouts.speculative_ttl_ms", t.speculative_ttl_ms),
+            ("timeouts.staleness_ms", t.staleness_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "must be > 0"));
+            }
+        }
+        if t.first_token_ttl_ms > t.assignment_ttl_ms {
+            return Err(invalid("timeouts.first_token_ttl_ms", "must not exceed assignment_ttl_ms"));
+        }
+        if self.text_chunk_bytes == 0 {
+            return Err(invalid("text_chunk_bytes", "must be > 0"));
+        }
+        if self.unhealthy_after == 0 {
+            return Err(invalid("unhealthy_after", "must be > 0"));
+        }
+        if matches!(&self.admin_token, Some(t) if t.is_empty()) {
+            return Err(invalid("admin_token", "must not be empty (omit it to disable the admin API)"));
+        }
+        let p = &self.priors;
+        check_cost("priors.per_token_ms", p.per_token_ms)?;
+        check_cost("priors.overhead_ms", p.overhead_ms)?;
+        check_cost("priors.decode_ms_per_running", p.decode_ms_per_running)?;
+        for (model, m) in &self.models {
+            if m.block_size == Some(0) {
+                return Err(invalid(format!("models.{model}.block_size"), "must be > 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks one worker on its own (also used by the registration API).
+    pub fn validate_worker(&self, w: &WorkerConfig) -> Result<(), ConfigError> {
+        if w.id.is_empty() || w.id.contains(['/', ' ', '?', '#']) {
+            return Err(invalid("id", "must be non-empty without '/', '?', '#' or spaces"));
+        }
+        if w.model.is_empty() {
+            return Err(invalid("model", "must be non-empty"));
+        }
+        if !w.endpoint.is_empty() && !is_host_port(&w.endpoint) {
+            return Err(invalid("endpoint", format!("{:?} is not host:port", w.endpoint)));
+        }
+        if !(1..=256).contains(&w.dp_ranks) {
+            return Err(invalid("dp_ranks", "must be in 1..=256"));
+        }
+        for (name, ep) in [("events_endpoint", &w.events_endpoint), ("replay_endpoint", &w.replay_endpoint)] {
+            if let Some(ep) = ep {
+                check_zmq(name, ep, w.dp_ranks)?;
+            }
+        }
+        if let Some(url) = &w.metrics_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid("metrics_url", format!("{url:?} is not an http(s) URL")));
+            }
+        }
+        if w.block_size == Some(0) {
+            return Err(invalid("block_size", "must be > 0"));
+        }
+        let model_size = self.models.get(&w.model).and_then(|m| m.block_size);
+        if let (Some(own), Some(model)) = (w.block_size, model_size) {
+            if own != model {
+                return Err(invalid("block_size", format!("{own} differs from models.{}.block_size = {model}", w.model)));
+            }
+        }
+        check_cost("per_token_ms", w.per_token_ms.unwrap_or(0.0))?;
+        check_cost("overhead_ms", w.overhead_ms.unwrap_or(0.0))
+    }
+
+    /// The worker's block size: its own, else its model's, else vLLM's default.
+    pub fn worker_block_size(&self, w: &WorkerConfig) -> u32 {
+        w.block_size
+            .or_else(|| self.models.get(&w.model).and_then(|m| m.block_size))
+            .unwrap_or(DEFAULT_BLOCK_SIZE)
+    }
+}
+
+fn prefix(field: &str, e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::Invalid { field: f, message } => invalid(format!("{field}.{f}"), message),
+        other => other,
+    }
+}
+
+fn check_cost(field: &str, v: f64) -> Result<(), ConfigError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(field, "must be a finite number >= 0"))
+    }
+}
+
+fn is_host_port(s: &str) -> bool {
+    matches!(s.rsplit_once(':'), Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+fn check_zmq(field: &str, ep: &str, dp_ranks: u32) -> Result<(), ConfigError> {
+    if let Some(rest) = ep.strip_prefix("tcp://") {
+        if WorkerConfig::rank_endpoint(rest, dp_ranks - 1).is_none() {
+            return Err(invalid(field, format!("{ep:?}: needs a port with room for {dp_ranks} ranks")));
+        }
+        return Ok(());
+    }
+    if ep.starts_with("ipc://") || ep.starts_with("inproc://") {
+        if dp_ranks > 1 {
+            return Err(invalid(field, "ipc/inproc endpoints cannot be offset per data-parallel rank"));
+        }
+        return Ok(());
+    }
+    Err(invalid(field, format!("{ep:?} must start with tcp://, ipc:// or inproc://")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../examples/kvroute-state.toml");
+
+    #[test]
+    fn example_config_is_valid() {
+        let c = Config::from_toml(EXAMPLE).expect("example config");
+        assert!(!c.workers.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let bad = "[[workers]]\nid = \"a\"\nmodel = \"m\"\nendpoint = \"nohostport\"\n";
+        let err = Config::from_toml(bad).unwrap_err().to_string();
+        assert!(err.contains("workers[0] (a).endpoint"), "{err}");
+        let dup = "[[workers]]\nid = \"a\"\nmodel = \"m\"\n[[workers]]\nid = \"a\"\nmodel = \"m\"\n";
+        assert!(Config::from_toml(dup).unwrap_err().to_string().contains("duplicate"));
+        let unknown = "listen = \"127.0.0.1:1\"\nbogus = 1\n";
+        assert!(matches!(Config::from_toml(unknown), Err(ConfigError::Parse(_))));
+    }
+
+    #[test]
+    fn block_sizes_must_agree_per_model() {
+        let text = "[[workers]]\nid = \"a\"\nmodel = \"m\"\nblock_size = 16\n[[workers]]\nid = \"b\"\nmodel = \"m\"\nblock_size = 32\n";
+        assert!(Config::from_toml(text).unwrap_err().to_string().contains("differs"));
+    }
+
+    #[test]
+    fn rank_endpoints_offset_the_port() {
+        assert_eq!(WorkerConfig::rank_endpoint("tcp://h:5557", 2).as_deref(), Some("tcp://h:5559"));
+        assert!(WorkerConfig::rank_endpoint("tcp://h:65535", 1).is_none());
+        let ranks = "[[workers]]\nid = \"a\"\nmodel = \"m\"\ndp_ranks = 2\nevents_endpoint = \"ipc:///tmp/x\"\n";
+        assert!(Config::from_toml(ranks).is_err());
+    }
+}

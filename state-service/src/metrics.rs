@@ -1,0 +1,96 @@
+//! Prometheus metrics, registered once and handed out as handles.
+//!
+//! Families that count what the request path does (picks, reports, TTFT) are updated where it
+//! happens. Families that describe the fleet's current state (load, health, index size, event
+//! feeds) are read at scrape time by [`fleet::FleetCollector`], so a removed worker's series
+//! disappear with it and nothing has to be kept in sync.
+
+pub mod fleet;
+mod labels;
+
+pub use labels::{DegradedReason, ExpiryKind, PickLabels, PickOutcome, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry as PromRegistry;
+
+pub struct Metrics {
+    registry: PromRegistry,
+    /// Pick decisions by policy and outcome.
+    pub picks: Family<PickLabels, Counter>,
+    /// Degraded decisions by reason; every fallback is counted here.
+    pub degraded: Family<ReasonLabels, Counter>,
+    /// Reports received by kind and what they matched.
+    pub reports: Family<ReportLabels, Counter>,
+    /// Assignments freed by a TTL because nobody reported them.
+    pub assignments_expired: Family<labels::ExpiryLabels, Counter>,
+    /// Time spent deciding a pick, seconds.
+    pub pick_latency: Histogram,
+    /// Predicted TTFT of assignments that got a first-token report, seconds.
+    pub ttft_predicted: Histogram,
+    /// Actual TTFT reported by the proxy, seconds.
+    pub ttft_actual: Histogram,
+    /// actual / predicted TTFT.
+    pub ttft_error_ratio: Histogram,
+    /// matched blocks / prompt blocks of the chosen worker.
+    pub matched_prefix_ratio: Histogram,
+    /// Assignments in flight.
+    pub assignments_in_flight: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = PromRegistry::with_prefix("kvroute");
+        let ttft = || Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        let m = Metrics {
+            picks: Family::default(),
+            degraded: Family::default(),
+            reports: Family::default(),
+            assignments_expired: Family::default(),
+            pick_latency: Histogram::new(exponential_buckets(0.000_01, 2.0, 16)),
+            ttft_predicted: ttft(),
+            ttft_actual: ttft(),
+            ttft_error_ratio: Histogram::new([0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0]),
+            matched_prefix_ratio: Histogram::new([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]),
+            assignments_in_flight: Gauge::default(),
+            registry: PromRegistry::default(),
+        };
+        registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
+        registry.register("degraded_decisions", "Degraded pick decisions by reason", m.degraded.clone());
+        registry.register("reports", "Reports received by kind and outcome", m.reports.clone());
+        registry.register("assignments_expired", "Assignments freed by a TTL, by which TTL", m.assignments_expired.clone());
+        registry.register("pick_latency_seconds", "Time to decide a pick", m.pick_latency.clone());
+        registry.register("ttft_predicted_seconds", "Predicted TTFT of reported assignments", m.ttft_predicted.clone());
+        registry.register("ttft_actual_seconds", "Actual TTFT from first-token reports", m.ttft_actual.clone());
+        registry.register("ttft_error_ratio", "Actual over predicted TTFT", m.ttft_error_ratio.clone());
+        registry.register("matched_prefix_ratio", "Matched over total prompt blocks of the chosen worker", m.matched_prefix_ratio.clone());
+        registry.register("assignments_in_flight", "Assignments not yet completed, cancelled or expired", m.assignments_in_flight.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Adds the scrape-time collector of fleet state. Called once, when the state is built.
+    pub fn register_fleet(&mut self, collector: fleet::FleetCollector) {
+        self.registry.register_collector(Box::new(collector));
+    }
+
+    /// OpenMetrics text of every family.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn count_degraded(&self, reason: DegradedReason) {
+        self.degraded.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}

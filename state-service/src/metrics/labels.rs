@@ -1,0 +1,107 @@
+//! Label sets. Every label with a fixed set of values is an enum, so a typo cannot create a
+//! new series.
+
+use crate::score::Policy;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use std::fmt::Write;
+
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vdoc])* $variant),+ }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                encoder.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+label_enum!(
+    /// Why a decision was degraded; also the `degraded_reason` of the pick response.
+    DegradedReason {
+        /// Text or chat prompt and no tokenizer: approximate text-chunk keys were used.
+        TokenizerUnavailable => "tokenizer_unavailable",
+        /// No worker serves the model: the proxy uses its default route.
+        UnknownModel => "unknown_model",
+        /// Workers exist but none is healthy: the proxy uses its default route.
+        NoHealthyWorker => "no_healthy_worker",
+        /// The keys were cut with another block size than the model's: routed on load only.
+        BlockSizeMismatch => "block_size_mismatch",
+    }
+);
+
+label_enum!(
+    PickOutcome {
+        /// A worker was chosen with full information.
+        Routed => "routed",
+        /// A worker was chosen, but degraded.
+        Degraded => "degraded",
+        /// No worker chosen: the proxy falls back.
+        Fallback => "fallback",
+    }
+);
+
+label_enum!(
+    ReportKindLabel {
+        FirstToken => "first_token",
+        Complete => "complete",
+        Cancel => "cancel",
+        Unspecified => "unspecified",
+    }
+);
+
+label_enum!(
+    ReportOutcomeLabel {
+        Applied => "applied",
+        Duplicate => "duplicate",
+        /// The assignment was unknown (already freed, expired, or not ours).
+        Unknown => "unknown",
+        Invalid => "invalid",
+    }
+);
+
+label_enum!(
+    ExpiryKind {
+        /// No first-token report within the first-token TTL.
+        FirstToken => "first_token",
+        /// No complete/cancel report within the assignment TTL.
+        Complete => "complete",
+    }
+);
+
+impl EncodeLabelValue for Policy {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PickLabels {
+    pub policy: Policy,
+    pub outcome: PickOutcome,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: DegradedReason,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReportLabels {
+    pub kind: ReportKindLabel,
+    pub outcome: ReportOutcomeLabel,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ExpiryLabels {
+    pub ttl: ExpiryKind,
+}

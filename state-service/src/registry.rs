@@ -1,0 +1,171 @@
+//! The fleet: workers and their engines, from the config file and the registration API.
+//!
+//! A worker is what the proxy routes to; an engine is one (worker, data-parallel rank), the
+//! unit that publishes KV events and owns a cache. Engines get dense [`EngineSlot`]s, never
+//! reused within a process, so a late event of a removed worker can never land on a new one.
+//! Each worker record also carries its mutable runtime state (load, calibration, the tasks
+//! that feed it), so removing a worker drops all of it at once.
+
+pub mod feed;
+
+pub use feed::{FeedSnapshot, FeedStats};
+
+use crate::config::WorkerConfig;
+use crate::load::LoadState;
+use crate::score::Calibration;
+use crate::types::{EngineSlot, WorkerId};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::task::AbortHandle;
+
+/// One (worker, rank) engine.
+pub struct Engine {
+    pub slot: EngineSlot,
+    pub rank: u32,
+    /// Set once ingestion for this engine runs.
+    pub feed: Mutex<Option<Arc<dyn FeedStats>>>,
+}
+
+/// A registered worker and its runtime state.
+pub struct WorkerEntry {
+    pub id: WorkerId,
+    pub config: WorkerConfig,
+    pub block_size: u32,
+    pub engines: Vec<Engine>,
+    pub load: Mutex<LoadState>,
+    pub calibration: Mutex<Calibration>,
+    /// Background tasks (scraper, ingestion) stopped when the worker is removed.
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl WorkerEntry {
+    pub fn slots(&self) -> impl Iterator<Item = EngineSlot> + '_ {
+        self.engines.iter().map(|e| e.slot)
+    }
+
+    pub fn add_task(&self, task: AbortHandle) {
+        self.tasks.lock().push(task);
+    }
+
+    /// Aborts the worker's background tasks.
+    pub fn stop_tasks(&self) {
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error("worker {0:?} already exists")]
+    Duplicate(String),
+    #[error("worker {id:?}: block_size {got} differs from {want} of the other workers of model {model:?}")]
+    BlockSize { id: String, model: String, got: u32, want: u32 },
+}
+
+#[derive(Default)]
+pub struct Registry {
+    workers: BTreeMap<WorkerId, Arc<WorkerEntry>>,
+    next_slot: u32,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers a validated worker; `calibration` starts from its priors.
+    pub fn add(&mut self, config: WorkerConfig, block_size: u32, calibration: Calibration) -> Result<Arc<WorkerEntry>, RegistryError> {
+        let id = WorkerId::new(&config.id);
+        if self.workers.contains_key(&id) {
+            return Err(RegistryError::Duplicate(config.id));
+        }
+        if let Some(want) = self.model_block_size(&config.model) {
+            if want != block_size {
+                return Err(RegistryError::BlockSize { id: config.id, model: config.model, got: block_size, want });
+            }
+        }
+        let engines = (0..config.dp_ranks)
+            .map(|rank| {
+                self.next_slot += 1;
+                Engine { slot: EngineSlot(self.next_slot - 1), rank, feed: Mutex::new(None) }
+            })
+            .collect();
+        let entry = Arc::new(WorkerEntry {
+            id: id.clone(),
+            config,
+            block_size,
+            engines,
+            load: Mutex::new(LoadState::default()),
+            calibration: Mutex::new(calibration),
+            tasks: Mutex::new(Vec::new()),
+        });
+        self.workers.insert(id, entry.clone());
+        Ok(entry)
+    }
+
+    /// Unregisters a worker and stops its tasks. The caller clears its engines from the index.
+    pub fn remove(&mut self, id: &str) -> Option<Arc<WorkerEntry>> {
+        let entry = self.workers.remove(&WorkerId::new(id))?;
+        entry.stop_tasks();
+        Some(entry)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<WorkerEntry>> {
+        self.workers.get(&WorkerId::new(id)).cloned()
+    }
+
+    /// Workers serving `model`, in id order.
+    pub fn for_model(&self, model: &str) -> Vec<Arc<WorkerEntry>> {
+        self.workers.values().filter(|w| w.config.model == model).cloned().collect()
+    }
+
+    pub fn all(&self) -> Vec<Arc<WorkerEntry>> {
+        self.workers.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// The block size of `model`'s workers, if any is registered.
+    pub fn model_block_size(&self, model: &str) -> Option<u32> {
+        self.workers.values().find(|w| w.config.model == model).map(|w| w.block_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(r: &mut Registry, id: &str, ranks: u32, block_size: u32) -> Result<Arc<WorkerEntry>, RegistryError> {
+        let config = WorkerConfig { dp_ranks: ranks, ..WorkerConfig::new(id, "m") };
+        r.add(config, block_size, Calibration::new(15.0, 0.1, 512))
+    }
+
+    #[test]
+    fn engines_get_dense_slots_never_reused() {
+        let mut r = Registry::new();
+        let a = add(&mut r, "a", 2, 16).unwrap();
+        assert_eq!(a.slots().collect::<Vec<_>>(), vec![EngineSlot(0), EngineSlot(1)]);
+        assert!(r.remove("a").is_some());
+        let b = add(&mut r, "b", 1, 16).unwrap();
+        assert_eq!(b.slots().collect::<Vec<_>>(), vec![EngineSlot(2)]);
+        assert!(r.remove("a").is_none());
+    }
+
+    #[test]
+    fn rejects_duplicates_and_block_size_conflicts() {
+        let mut r = Registry::new();
+        add(&mut r, "a", 1, 16).unwrap();
+        assert_eq!(add(&mut r, "a", 1, 16).err(), Some(RegistryError::Duplicate("a".into())));
+        assert!(matches!(add(&mut r, "b", 1, 32), Err(RegistryError::BlockSize { .. })));
+        assert_eq!(r.for_model("m").len(), 1);
+        assert_eq!(r.model_block_size("m"), Some(16));
+    }
+}

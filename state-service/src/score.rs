@@ -1,0 +1,85 @@
+//! Scoring: which worker will return the first token soonest.
+//!
+//! Everything here is pure (no clocks, no I/O, randomness only through a caller's rng), so
+//! the policies can be unit- and property-tested and compared side by side in one benchmark:
+//!
+//! - [`model`]: predicted TTFT = queue wait + prefill of the uncached tokens.
+//! - [`calibrate`]: per-worker online fit of the model's costs from first-token reports.
+//! - [`select`]: minimum with tie-breaks (load, then random).
+//! - [`approx`]: the text-chunk key -> worker map that routers without KV events rely on.
+
+pub mod approx;
+pub mod calibrate;
+pub mod model;
+pub mod select;
+
+pub use approx::ApproxMap;
+pub use calibrate::Calibration;
+pub use model::{predict, Cost, Features, LoadView, Prediction};
+pub use select::{pick_min, Scored};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A routing policy. `Kvroute` is the product; the others are the baselines it is measured
+/// against (see docs/benchmarks.md).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// KV-event index + predicted TTFT.
+    #[default]
+    Kvroute,
+    Random,
+    RoundRobin,
+    /// Fewest queued + running requests.
+    LeastLoaded,
+    /// Longest text-chunk prefix learned from our own routing history; never reads KV events.
+    ApproxPrefix,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 5] =
+        [Policy::Kvroute, Policy::Random, Policy::RoundRobin, Policy::LeastLoaded, Policy::ApproxPrefix];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Kvroute => "kvroute",
+            Policy::Random => "random",
+            Policy::RoundRobin => "round_robin",
+            Policy::LeastLoaded => "least_loaded",
+            Policy::ApproxPrefix => "approx_prefix",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown policy {0:?} (expected kvroute, random, round_robin, least_loaded or approx_prefix)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for Policy {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL.into_iter().find(|p| p.as_str() == s).ok_or_else(|| UnknownPolicy(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_round_trip() {
+        for p in Policy::ALL {
+            assert_eq!(p.as_str().parse::<Policy>(), Ok(p));
+            assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
+        }
+        assert!("fastest".parse::<Policy>().is_err());
+    }
+}
