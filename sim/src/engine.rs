@@ -133,16 +133,20 @@ impl Engine {
             let (max, max_tokens) = (self.cfg.max_model_len, req.max_tokens);
             return Err(EngineError::TooLong { max, needed, prompt, max_tokens });
         }
-        let blocks = needed.div_ceil(self.cfg.block_size);
+        // vLLM sizes max_model_len to fit the cache at startup; the sim allows smaller caches,
+        // so the prompt must fit and generation is capped at what the whole cache can hold
+        // (a lone request can then never preempt itself forever).
         let available = self.pool.num_blocks() - 1;
-        if blocks > available {
-            return Err(EngineError::CacheTooSmall { needed: blocks, available });
+        let capacity = available * self.cfg.block_size;
+        if prompt >= capacity {
+            return Err(EngineError::CacheTooSmall { needed: (prompt + 1).div_ceil(self.cfg.block_size), available });
         }
+        let max_tokens = req.max_tokens.min(capacity - prompt);
         self.waiting.push_back(Request {
             id: req.id,
             tokens: req.prompt,
             prompt_len: prompt,
-            max_tokens: req.max_tokens,
+            max_tokens,
             eos_at: (!req.ignore_eos).then_some(self.cfg.eos_after.max(1)),
             cache_salt: req.cache_salt.filter(|s| !s.is_empty()),
             hashes: Vec::new(),

@@ -153,7 +153,11 @@ fn eos_and_validation() {
     assert_eq!((f.reason, f.completion_tokens), (FinishReason::Stop, 8));
     assert_eq!(e.add_request(req(2, vec![], 1), 0.0), Err(EngineError::EmptyPrompt));
     assert!(matches!(e.add_request(req(3, vec![1; 4000], 200), 0.0), Err(EngineError::TooLong { .. })));
-    assert!(matches!(e.add_request(req(4, vec![1; 2000], 1), 0.0), Err(EngineError::CacheTooSmall { .. })));
+    assert!(matches!(e.add_request(req(4, vec![1; 1024], 1), 0.0), Err(EngineError::CacheTooSmall { .. })));
+    // Generation is capped at the cache's capacity (64 blocks * 16 tokens).
+    e.add_request(req(5, vec![1; 1000], 1000), 0.0).unwrap();
+    let (f, _) = run_to_finish(&mut e, 5, 0.0);
+    assert_eq!((f.reason, f.completion_tokens), (FinishReason::Length, 24));
 }
 
 #[test]

@@ -45,6 +45,9 @@ pub enum PubCommand {
     Restart,
     SetDropFraction(f64),
     SetStopped(bool),
+    /// Answered once every earlier command has been handled: lets `/sim/state` report a
+    /// sequence number that matches the engine state it reports (a settle point for tests).
+    Flush(tokio::sync::oneshot::Sender<()>),
     Shutdown,
 }
 
@@ -66,6 +69,13 @@ pub struct PublisherHandle {
 }
 
 impl PublisherHandle {
+    /// Wait until the publisher has handled everything queued before this call.
+    pub async fn flush(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(PubCommand::Flush(tx));
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), rx).await;
+    }
+
     /// Queue a command; a dead publisher thread is not the request's problem.
     pub fn send(&self, cmd: PubCommand) {
         if self.tx.send(cmd).is_err() {
@@ -156,6 +166,9 @@ impl State {
             }
             PubCommand::SetDropFraction(f) => self.drop_fraction = f.clamp(0.0, 1.0),
             PubCommand::SetStopped(s) => self.stopped = s,
+            PubCommand::Flush(done) => {
+                let _ = done.send(());
+            }
             PubCommand::Shutdown => {}
         }
     }

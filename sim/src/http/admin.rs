@@ -72,6 +72,9 @@ pub async fn reset_prefix_cache(State(s): State<AppState>) -> Json<Value> {
 }
 
 pub async fn state(State(s): State<AppState>) -> Json<Value> {
+    if let Some(p) = s.worker.publisher() {
+        p.flush().await;
+    }
     let faults = s.faults.lock().clone();
     let inner = s.worker.inner.lock();
     let e = &inner.engine;

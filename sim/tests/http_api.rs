@@ -1,0 +1,88 @@
+//! The OpenAI surface over real HTTP: cached tokens on a repeat, worker identification,
+//! streaming shape, validation errors, /tokenize, /metrics agreeing with /sim/state,
+//! prefix-cache reset.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_usage_metrics_and_errors() {
+    let cluster = start(2, 400).await;
+    let client = reqwest::Client::new();
+    let w1 = cluster.layout[1].http.clone();
+
+    // Identification.
+    let r = client.get(format!("{w1}/health")).send().await.unwrap();
+    assert_eq!(r.headers()["x-sim-worker"], "1");
+
+    // Repeat of a 100-token prompt: 6 full blocks cached the second time.
+    let prompt: Vec<u32> = (500..600).collect();
+    let a = complete(&client, &w1, prompt.clone(), 4).await;
+    let b = complete(&client, &w1, prompt.clone(), 4).await;
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
+    assert_eq!(b["usage"]["completion_tokens"], 4);
+    assert_eq!(b["choices"][0]["finish_reason"], "length");
+
+    // Streaming: one chunk per token, usage chunk, [DONE].
+    let body = json!({"prompt": "some text prompt", "max_tokens": 5, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
+    let text = client.post(format!("{w1}/v1/completions")).json(&body).send().await.unwrap().text().await.unwrap();
+    let chunks: Vec<&str> = text.split("\n\n").filter(|c| !c.is_empty()).collect();
+    assert_eq!(chunks.len(), 5 + 2, "{text}");
+    assert_eq!(*chunks.last().unwrap(), "data: [DONE]");
+    let usage: Value = serde_json::from_str(chunks[5].trim_start_matches("data: ")).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    assert_eq!(usage["usage"]["prompt_tokens"], 16, "byte fallback: one token per byte");
+
+    // Chat without ignore_eos stops at eos_after (4 in tests).
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let chat: Value = client.post(format!("{w1}/v1/chat/completions")).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(chat["choices"][0]["finish_reason"], "stop");
+    assert_eq!(chat["usage"]["completion_tokens"], 4);
+
+    // /tokenize agrees with the chat path.
+    let tok: Value = client.post(format!("{w1}/tokenize")).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(tok["count"], chat["usage"]["prompt_tokens"]);
+    assert_eq!(tok["sim_tokenizer"], "byte-fallback");
+
+    // Bad input: 4xx with a message, never a 500.
+    for (path, body, code) in [
+        ("/v1/completions", r#"{"prompt": []}"#, 400),
+        ("/v1/completions", r#"{"prompt": [1,2], "max_tokens": -1}"#, 400),
+        ("/v1/completions", r#"{"prompt": [1,2], "max_tokens": 999999}"#, 400),
+        ("/v1/completions", r#"not json"#, 400),
+        ("/v1/completions", r#"{"prompt": "x", "model": "other"}"#, 404),
+        ("/v1/chat/completions", r#"{"messages": "nope"}"#, 400),
+        ("/v1/chat/completions", r#"{"messages": [{"content": "no role"}]}"#, 400),
+        ("/sim/fault", r#"{"drop_fraction": 2}"#, 400),
+        ("/tokenize", r#"{}"#, 400),
+    ] {
+        let r = client.post(format!("{w1}{path}")).body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), code, "{path} {body}");
+        let e: Value = r.json().await.unwrap();
+        assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+    }
+
+    // Metrics agree with the engine's own state.
+    let st = state(&client, &w1).await;
+    let m = client.get(format!("{w1}/metrics")).send().await.unwrap().text().await.unwrap();
+    let l = format!("{{model_name=\"{}\",engine=\"0\"}}", cluster.layout[1].model);
+    let get = |n: &str| kvroute_sim::metrics::sample(&m, &format!("{n}{l}")).unwrap();
+    assert_eq!(get("vllm:prefix_cache_hits_total"), st["stats"]["prefix_cache_hits"].as_f64().unwrap());
+    assert_eq!(get("vllm:prefix_cache_queries_total"), st["stats"]["prefix_cache_queries"].as_f64().unwrap());
+    assert_eq!(get("vllm:generation_tokens_total"), st["stats"]["generation_tokens"].as_f64().unwrap());
+    assert_eq!(get("vllm:kv_cache_usage_perc"), st["kv_cache_usage"].as_f64().unwrap());
+    assert_eq!(get("vllm:num_requests_running"), 0.0);
+    assert_eq!(get("vllm:time_to_first_token_seconds_count"), 4.0);
+
+    // Reset: cache emptied; the other worker untouched.
+    let r: Value = client.post(format!("{w1}/reset_prefix_cache")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["reset"], true);
+    assert!(engine_blocks(&state(&client, &w1).await).is_empty());
+    let c = complete(&client, &w1, prompt, 1).await;
+    assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let w0 = state(&client, &cluster.layout[0].http).await;
+    assert_eq!(w0["stats"]["requests_finished"], 0);
+}
