@@ -2,11 +2,17 @@
 //! vLLM's KV-cache events) and how busy it is (from its metrics and our own assignments), and
 //! answers "where should this request go?" with a predicted time to first token.
 
+pub mod api;
 pub mod assign;
 pub mod config;
 pub mod events;
 pub mod index;
+pub mod ingest;
 pub mod load;
+pub mod metrics;
+pub mod pick;
 pub mod registry;
+pub mod report;
 pub mod score;
+pub mod state;
 pub mod types;

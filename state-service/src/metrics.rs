@@ -90,6 +90,12 @@ impl Metrics {
         out
     }
 
+    pub fn count_expired(&self, ttl: ExpiryKind, n: u64) {
+        if n > 0 {
+            self.assignments_expired.get_or_create(&labels::ExpiryLabels { ttl }).inc_by(n);
+        }
+    }
+
     pub fn count_degraded(&self, reason: DegradedReason) {
         self.degraded.get_or_create(&ReasonLabels { reason }).inc();
     }

@@ -1,0 +1,52 @@
+//! HTTP API (axum). [`app`] builds the router from an [`AppState`]; `main` only serves it, so
+//! tests drive the same router with `tower::ServiceExt::oneshot`.
+//!
+//! | method, path | body | answer |
+//! |---|---|---|
+//! | POST /v1/pick | PickRequest (protobuf, or JSON) | 200 PickResponse in the request's format |
+//! | POST /v1/report | ReportBatch (protobuf, or JSON) | 204 |
+//! | GET /v1/workers | | 200 JSON: load, health, index, events, calibration |
+//! | GET /v1/assignments | | 200 JSON: count and in-flight assignments |
+//! | POST /admin/workers | JSON worker (as in the config file) | 201 / 400 / 409 |
+//! | DELETE /admin/workers/{id} | | 204 / 404 |
+//! | POST /admin/policy | JSON `{"policy": "..."}` | 200 `{"policy": ..., "previous": ...}` |
+//! | POST /admin/reset | | 204 |
+//! | GET /healthz, /readyz, /metrics | | 200 (readyz: 503 when no worker is healthy) |
+//!
+//! Bad input is a 4xx with a message saying what was wrong ([`error::ApiError`]); an unknown
+//! model is a 200 with `degraded_reason = "unknown_model"` and no worker, so the proxy falls
+//! back to its default route without treating the state service as broken.
+
+mod admin;
+mod codec;
+mod error;
+mod info;
+mod routes;
+
+pub use codec::Format;
+pub use error::ApiError;
+
+use crate::state::AppState;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, post};
+use axum::Router;
+
+/// Pick bodies carry whole chat prompts; long contexts exceed axum's 2 MiB default.
+const BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/pick", post(routes::pick))
+        .route("/v1/report", post(routes::report))
+        .route("/v1/workers", get(info::workers))
+        .route("/v1/assignments", get(info::assignments))
+        .route("/admin/workers", post(admin::add_worker))
+        .route("/admin/workers/{id}", delete(admin::remove_worker))
+        .route("/admin/policy", post(admin::set_policy))
+        .route("/admin/reset", post(admin::reset))
+        .route("/healthz", get(info::healthz))
+        .route("/readyz", get(info::readyz))
+        .route("/metrics", get(info::metrics))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}

@@ -1,0 +1,122 @@
+//! Read-only views: workers, assignments, health, readiness, metrics.
+
+use crate::registry::{Engine, WorkerEntry};
+use crate::state::AppState;
+use axum::extract::State;
+use axum::http::{header::CONTENT_TYPE, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// Most assignments listed by `/v1/assignments` (the count is always exact).
+const LIST_LIMIT: usize = 1000;
+
+#[derive(Serialize)]
+struct EngineView {
+    rank: u32,
+    slot: u32,
+    index_blocks: usize,
+    /// Absent until ingestion runs for the engine.
+    events: Option<Value>,
+}
+
+fn engine_view(state: &AppState, engine: &Engine, now_unix_ms: u64) -> EngineView {
+    let events = engine.feed.lock().as_ref().map(|feed| {
+        let s = feed.snapshot();
+        let since = s.last_event_unix_ms.map(|t| now_unix_ms.saturating_sub(t) as f64 / 1000.0);
+        let stale = since.is_none_or(|secs| secs * 1000.0 > state.config.timeouts.staleness_ms as f64);
+        json!({
+            "last_seq": s.last_seq,
+            "seconds_since_last_event": since,
+            "stale": stale,
+            "batches": s.batches,
+            "gaps": s.gaps,
+            "gaps_recovered": s.gaps_recovered,
+            "replays": s.replays,
+            "replay_failures": s.replay_failures,
+            "resets": s.resets,
+        })
+    });
+    EngineView { rank: engine.rank, slot: engine.slot.0, index_blocks: state.index.engine_blocks(engine.slot), events }
+}
+
+fn worker_view(state: &AppState, w: &WorkerEntry, now_unix_ms: u64) -> Value {
+    let load = w.load.lock().clone();
+    let pending = state.assignments.lock().pending(&w.id);
+    let cal = w.calibration.lock().clone();
+    let engines: Vec<EngineView> = w.engines.iter().map(|e| engine_view(state, e, now_unix_ms)).collect();
+    json!({
+        "id": w.id.as_str(),
+        "model": w.config.model,
+        "endpoint": w.config.endpoint,
+        "cluster": w.config.cluster,
+        "block_size": w.block_size,
+        "healthy": load.healthy,
+        "consecutive_scrape_failures": load.consecutive_failures,
+        "last_scrape_error": load.last_error,
+        "load": {
+            "running": load.load.running,
+            "waiting": load.load.waiting,
+            "kv_usage": load.load.kv_usage,
+            "own_in_flight": pending.in_flight,
+            "own_waiting": pending.waiting,
+        },
+        "index_blocks": engines.iter().map(|e| e.index_blocks).sum::<usize>(),
+        "engines": engines,
+        "calibration": { "per_token_ms": cal.per_token_ms(), "overhead_ms": cal.overhead_ms(), "samples": cal.samples() },
+    })
+}
+
+pub async fn workers(State(state): State<AppState>) -> Json<Value> {
+    state.sweep();
+    let now_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let workers: Vec<Value> = state.registry.read().all().iter().map(|w| worker_view(&state, w, now_unix_ms)).collect();
+    Json(json!({
+        "policy": *state.policy.read(),
+        "assignments": state.assignments.lock().len(),
+        "workers": workers,
+    }))
+}
+
+pub async fn assignments(State(state): State<AppState>) -> Json<Value> {
+    state.sweep();
+    let now = Instant::now();
+    let table = state.assignments.lock();
+    let list: Vec<Value> = table
+        .iter()
+        .take(LIST_LIMIT)
+        .map(|a| {
+            json!({
+                "assignment_id": a.id,
+                "worker": a.worker.as_str(),
+                "policy": a.policy,
+                "prompt_tokens": a.prompt_tokens,
+                "uncached_tokens": a.uncached_tokens,
+                "predicted_ttft_ms": a.predicted_ttft_ms,
+                "age_ms": now.saturating_duration_since(a.created_at).as_millis() as u64,
+                "first_token": a.first_token_at.is_some(),
+            })
+        })
+        .collect();
+    Json(json!({ "count": table.len(), "assignments": list }))
+}
+
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    if state.ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: no healthy worker\n")
+    }
+}
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    state.sweep();
+    ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+}

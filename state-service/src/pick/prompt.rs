@@ -1,0 +1,95 @@
+//! What a pick request tells us about its prompt: which keys to match, how many tokens, and
+//! whether that is exact or approximate.
+
+use crate::metrics::DegradedReason;
+use crate::types::BlockKey;
+use kvroute_core::wire::{PickRequest, TokenizationPath};
+
+/// A request's prompt as the scorer sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptView {
+    /// Chained keys to match: token block keys when exact, text-chunk keys otherwise.
+    pub keys: Vec<BlockKey>,
+    /// True for token block keys (matched against the KV index), false for text chunks.
+    pub exact: bool,
+    /// Prompt tokens: exact, or estimated from bytes.
+    pub prompt_tokens: u32,
+    /// Tokens one key stands for.
+    pub tokens_per_key: u32,
+    pub tokenization: TokenizationPath,
+    /// Why kvroute cannot score this prompt exactly, if it cannot.
+    pub limitation: Option<DegradedReason>,
+}
+
+/// About four bytes of text per token: only used where no tokenizer was available.
+const BYTES_PER_TOKEN: u32 = 4;
+
+impl PromptView {
+    /// `block_size` is the model's; `chunk_bytes` the text-chunk size the filter used.
+    pub fn new(req: &PickRequest, block_size: u32, chunk_bytes: u32) -> PromptView {
+        let is_token_prompt = !req.token_keys.is_empty() || (req.prompt_tokens > 0 && req.prompt_text.is_empty() && req.chat_json.is_empty());
+        if is_token_prompt {
+            return Self::tokens(req, block_size);
+        }
+        let bytes = if req.prompt_bytes > 0 { req.prompt_bytes } else { (req.prompt_text.len() + req.chat_json.len()) as u32 };
+        let keys: Vec<BlockKey> = req.text_chunk_keys.iter().map(|k| BlockKey(*k)).collect();
+        let tokenization = if keys.is_empty() { TokenizationPath::TokenizationNone } else { TokenizationPath::TokenizationTextChunks };
+        PromptView {
+            keys,
+            exact: false,
+            prompt_tokens: bytes / BYTES_PER_TOKEN,
+            tokens_per_key: (chunk_bytes / BYTES_PER_TOKEN).max(1),
+            tokenization,
+            limitation: Some(DegradedReason::TokenizerUnavailable),
+        }
+    }
+
+    fn tokens(req: &PickRequest, block_size: u32) -> PromptView {
+        let mismatch = req.block_size != 0 && req.block_size != block_size;
+        let keys: Vec<BlockKey> = if mismatch { Vec::new() } else { req.token_keys.iter().map(|k| BlockKey(*k)).collect() };
+        let keyed_tokens = (req.token_keys.len() as u32).saturating_mul(req.block_size.max(1));
+        PromptView {
+            keys,
+            exact: true,
+            prompt_tokens: req.prompt_tokens.max(keyed_tokens),
+            tokens_per_key: block_size,
+            tokenization: TokenizationPath::TokenizationExactTokenIds,
+            limitation: mismatch.then_some(DegradedReason::BlockSizeMismatch),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_prompts_are_exact() {
+        let req = PickRequest { token_keys: vec![1, 2, 3], block_size: 16, prompt_tokens: 50, ..Default::default() };
+        let p = PromptView::new(&req, 16, 256);
+        assert!(p.exact && p.limitation.is_none());
+        assert_eq!((p.keys.len(), p.prompt_tokens, p.tokens_per_key), (3, 50, 16));
+        let short = PickRequest { prompt_tokens: 5, ..Default::default() };
+        assert!(PromptView::new(&short, 16, 256).exact);
+    }
+
+    #[test]
+    fn wrong_block_size_drops_the_keys() {
+        let req = PickRequest { token_keys: vec![1, 2], block_size: 32, prompt_tokens: 64, ..Default::default() };
+        let p = PromptView::new(&req, 16, 256);
+        assert!(p.keys.is_empty());
+        assert_eq!(p.limitation, Some(DegradedReason::BlockSizeMismatch));
+    }
+
+    #[test]
+    fn text_prompts_degrade_to_chunks() {
+        let req = PickRequest { prompt_text: "x".repeat(600), text_chunk_keys: vec![7, 8], prompt_bytes: 600, ..Default::default() };
+        let p = PromptView::new(&req, 16, 256);
+        assert!(!p.exact);
+        assert_eq!((p.prompt_tokens, p.tokens_per_key), (150, 64));
+        assert_eq!(p.tokenization, TokenizationPath::TokenizationTextChunks);
+        assert_eq!(p.limitation, Some(DegradedReason::TokenizerUnavailable));
+        let tiny = PickRequest { chat_json: "[]".into(), ..Default::default() };
+        assert_eq!(PromptView::new(&tiny, 16, 256).tokenization, TokenizationPath::TokenizationNone);
+    }
+}

@@ -1,0 +1,254 @@
+//! The HTTP API, driven in-process with `oneshot`.
+
+mod common;
+
+use axum::body::{to_bytes, Body};
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use common::{state, TOKEN};
+use kvroute_core::wire::{PickRequest, PickResponse, Report, ReportBatch, ReportKind, TokenizationPath};
+use kvroute_state::api::app;
+use kvroute_state::types::EngineSlot;
+use prost::Message;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tower::ServiceExt;
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = app.clone().oneshot(req).await.expect("router is infallible");
+    let status = resp.status();
+    (status, to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec())
+}
+
+fn post(path: &str, content_type: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(path).header(header::CONTENT_TYPE, content_type).body(body.into()).unwrap()
+}
+
+fn admin(method: Method, path: &str, token: Option<&str>, body: Value) -> Request<Body> {
+    let mut req = Request::builder().method(method).uri(path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+async fn pick_pb(app: &Router, req: &PickRequest) -> PickResponse {
+    let (status, body) = send(app, post("/v1/pick", "application/x-protobuf", req.encode_to_vec())).await;
+    assert_eq!(status, StatusCode::OK);
+    PickResponse::decode(&body[..]).expect("protobuf PickResponse")
+}
+
+async fn report_pb(app: &Router, reports: Vec<Report>) {
+    let batch = ReportBatch { reports };
+    let (status, _) = send(app, post("/v1/report", "application/x-protobuf", batch.encode_to_vec())).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}
+
+async fn get_json(app: &Router, path: &str) -> Value {
+    let (status, body) = send(app, Request::get(path).body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    serde_json::from_slice(&body).unwrap()
+}
+
+async fn assignment_count(app: &Router) -> u64 {
+    get_json(app, "/v1/assignments").await["count"].as_u64().unwrap()
+}
+
+fn token_pick(keys: &[u64]) -> PickRequest {
+    PickRequest {
+        model: "m".into(),
+        token_keys: keys.to_vec(),
+        block_size: 16,
+        prompt_tokens: keys.len() as u32 * 16 + 5,
+        ..Default::default()
+    }
+}
+
+fn report(id: u64, kind: ReportKind, elapsed_ms: f64) -> Report {
+    Report { assignment_id: id, kind: kind as i32, elapsed_ms, ..Default::default() }
+}
+
+#[tokio::test]
+async fn protobuf_pick_and_report_round_trip() {
+    let (state, index) = state(&["a", "b"]);
+    index.hold(EngineSlot(1), &[1, 2, 3, 4]);
+    let app = app(state);
+    let resp = pick_pb(&app, &token_pick(&[1, 2, 3, 4, 5, 6])).await;
+    assert_ne!(resp.assignment_id, 0);
+    assert_eq!((resp.worker_id.as_str(), resp.endpoint.as_str(), resp.cluster.as_str()), ("b", "127.0.0.1:8001", "c_b"));
+    assert_eq!((resp.matched_blocks, resp.total_blocks), (4, 6));
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationExactTokenIds as i32);
+    assert!(resp.degraded_reason.is_empty() && resp.predicted_ttft_ms > 0.0);
+    assert_eq!(assignment_count(&app).await, 1);
+
+    report_pb(&app, vec![report(resp.assignment_id, ReportKind::ReportFirstToken, 42.0)]).await;
+    let workers = get_json(&app, "/v1/workers").await;
+    let b = &workers["workers"][1];
+    assert_eq!((b["id"].as_str(), b["calibration"]["samples"].as_u64()), (Some("b"), Some(1)));
+    assert_eq!(b["load"]["own_in_flight"], 1);
+    report_pb(&app, vec![report(resp.assignment_id, ReportKind::ReportComplete, 900.0)]).await;
+    assert_eq!(assignment_count(&app).await, 0);
+}
+
+#[tokio::test]
+async fn json_pick_and_report_round_trip() {
+    let (state, _) = state(&["a", "b"]);
+    let app = app(state);
+    let body = json!({ "model": "m", "token_keys": [11, 12], "block_size": 16, "prompt_tokens": 40 });
+    let (status, bytes) = send(&app, post("/v1/pick", "application/json", body.to_string())).await;
+    assert_eq!(status, StatusCode::OK);
+    let resp: Value = serde_json::from_slice(&bytes).expect("JSON answer to a JSON pick");
+    let id = resp["assignment_id"].as_u64().unwrap();
+    assert!(id != 0 && resp["worker_id"].as_str().is_some_and(|w| !w.is_empty()));
+    assert_eq!(resp["policy"], "kvroute");
+    let reports = json!({ "reports": [{ "assignment_id": id, "kind": 3 }] });
+    let (status, _) = send(&app, post("/v1/report", "application/json; charset=utf-8", reports.to_string())).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(assignment_count(&app).await, 0);
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_400_with_a_message() {
+    let (state, _) = state(&["a"]);
+    let app = app(state);
+    let cases = [
+        ("/v1/pick", "application/x-protobuf", b"\xff\xff\xff\xff".to_vec(), "invalid protobuf PickRequest"),
+        ("/v1/pick", "application/json", br#"{"model": 5}"#.to_vec(), "invalid JSON PickRequest"),
+        ("/v1/report", "application/json", b"{not json".to_vec(), "invalid JSON ReportBatch"),
+        ("/v1/report", "application/x-protobuf", b"\x0a\x05\x08".to_vec(), "invalid protobuf ReportBatch"),
+    ];
+    for (path, ct, body, want) in cases {
+        let (status, bytes) = send(&app, post(path, ct, body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {ct}");
+        let err: Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(err["error"].as_str().unwrap().contains(want), "{err}");
+    }
+    let (status, bytes) = send(&app, post("/v1/pick", "text/plain", "hello")).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(String::from_utf8_lossy(&bytes).contains("application/x-protobuf"));
+}
+
+#[tokio::test]
+async fn unknown_model_and_text_prompts_are_degraded_not_errors() {
+    let (state, _) = state(&["a", "b"]);
+    let app = app(state);
+    let resp = pick_pb(&app, &PickRequest { model: "nope".into(), ..token_pick(&[1]) }).await;
+    assert_eq!((resp.worker_id.as_str(), resp.assignment_id, resp.degraded_reason.as_str()), ("", 0, "unknown_model"));
+
+    let text = PickRequest { model: "m".into(), prompt_text: "x".repeat(600), text_chunk_keys: vec![9, 10], prompt_bytes: 600, ..Default::default() };
+    let first = pick_pb(&app, &text).await;
+    assert_eq!(first.degraded_reason, "tokenizer_unavailable");
+    assert_eq!(first.tokenization, TokenizationPath::TokenizationTextChunks as i32);
+    // Learned from the first pick: once its queue is gone, the same prefix follows it.
+    report_pb(&app, vec![report(first.assignment_id, ReportKind::ReportFirstToken, 30.0)]).await;
+    let second = pick_pb(&app, &text).await;
+    assert_eq!((second.worker_id.as_str(), second.matched_blocks), (first.worker_id.as_str(), 2));
+    let metrics = String::from_utf8(send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await.1).unwrap();
+    assert!(metrics.contains(r#"kvroute_degraded_decisions_total{reason="tokenizer_unavailable"} 2"#), "{metrics}");
+    assert!(metrics.contains(r#"kvroute_degraded_decisions_total{reason="unknown_model"} 1"#));
+}
+
+#[tokio::test]
+async fn a_burst_on_a_new_prefix_follows_the_first_pick() {
+    // The index knows nothing (no events yet): speculative credit alone keeps the burst on
+    // the first worker. Each request is reported started, so no queue competes with the
+    // cache: while a request waits for its first token its worker's queue is real cost.
+    let (state, _) = state(&["a", "b", "c"]);
+    let app = app(state);
+    let keys: Vec<u64> = (100..164).collect();
+    let first = pick_pb(&app, &token_pick(&keys)).await;
+    assert_eq!(first.matched_blocks, 0);
+    let mut last = first.assignment_id;
+    for _ in 0..3 {
+        report_pb(&app, vec![report(last, ReportKind::ReportFirstToken, 50.0)]).await;
+        let next = pick_pb(&app, &token_pick(&keys)).await;
+        assert_eq!((next.worker_id.as_str(), next.matched_blocks), (first.worker_id.as_str(), 64));
+        last = next.assignment_id;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_frees_unreported_assignments() {
+    let (state, _) = state(&["a"]);
+    let app = app(state);
+    let first = pick_pb(&app, &token_pick(&[1])).await;
+    let second = pick_pb(&app, &token_pick(&[2])).await;
+    report_pb(&app, vec![report(second.assignment_id, ReportKind::ReportFirstToken, 10.0)]).await;
+    assert_eq!(assignment_count(&app).await, 2);
+    tokio::time::advance(Duration::from_secs(120)).await;
+    assert_eq!(assignment_count(&app).await, 1, "no first token within the first-token TTL");
+    tokio::time::advance(Duration::from_secs(480)).await;
+    assert_eq!(assignment_count(&app).await, 0, "no completion within the assignment TTL");
+    // Late reports about expired assignments are harmless.
+    report_pb(&app, vec![report(first.assignment_id, ReportKind::ReportComplete, 1.0)]).await;
+    let metrics = String::from_utf8(send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await.1).unwrap();
+    assert!(metrics.contains(r#"kvroute_assignments_expired_total{ttl="first_token"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"kvroute_reports_total{kind="complete",outcome="unknown"} 1"#));
+}
+
+#[tokio::test]
+async fn admin_endpoints_need_the_token() {
+    let (state, _) = state(&["a"]);
+    let app = app(state.clone());
+    let policy = json!({ "policy": "round_robin" });
+    let worker = json!({ "id": "z", "model": "m", "endpoint": "127.0.0.1:9999" });
+    for token in [None, Some("wrong")] {
+        let reqs = [
+            admin(Method::POST, "/admin/policy", token, policy.clone()),
+            admin(Method::POST, "/admin/workers", token, worker.clone()),
+            admin(Method::DELETE, "/admin/workers/a", token, json!({})),
+            admin(Method::POST, "/admin/reset", token, json!({})),
+        ];
+        for req in reqs {
+            let path = req.uri().to_string();
+            assert_eq!(send(&app, req).await.0, StatusCode::UNAUTHORIZED, "{path}");
+        }
+    }
+    let (status, body) = send(&app, admin(Method::POST, "/admin/policy", Some(TOKEN), policy)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(pick_pb(&app, &token_pick(&[1])).await.policy, "round_robin");
+    let bad = admin(Method::POST, "/admin/policy", Some(TOKEN), json!({ "policy": "fastest" }));
+    assert_eq!(send(&app, bad).await.0, StatusCode::BAD_REQUEST);
+
+    assert_eq!(send(&app, admin(Method::POST, "/admin/workers", Some(TOKEN), worker.clone())).await.0, StatusCode::CREATED);
+    assert_eq!(send(&app, admin(Method::POST, "/admin/workers", Some(TOKEN), worker)).await.0, StatusCode::CONFLICT);
+    let bad_worker = json!({ "id": "y", "model": "m", "endpoint": "no-port" });
+    assert_eq!(send(&app, admin(Method::POST, "/admin/workers", Some(TOKEN), bad_worker)).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(get_json(&app, "/v1/workers").await["workers"].as_array().unwrap().len(), 2);
+    assert_eq!(send(&app, admin(Method::DELETE, "/admin/workers/z", Some(TOKEN), json!({}))).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(send(&app, admin(Method::DELETE, "/admin/workers/z", Some(TOKEN), json!({}))).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(send(&app, admin(Method::POST, "/admin/reset", Some(TOKEN), json!({}))).await.0, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn metrics_health_and_readiness() {
+    let (state, index) = state(&["a"]);
+    index.hold(EngineSlot(0), &[1, 2]);
+    let app = app(state);
+    pick_pb(&app, &token_pick(&[1, 2])).await;
+    let (status, body) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    for family in [
+        "kvroute_picks_total{policy=\"kvroute\",outcome=\"routed\"} 1",
+        "kvroute_degraded_decisions",
+        "kvroute_pick_latency_seconds",
+        "kvroute_ttft_predicted_seconds",
+        "kvroute_ttft_actual_seconds",
+        "kvroute_ttft_error_ratio",
+        "kvroute_matched_prefix_ratio",
+        "kvroute_assignments_in_flight 1",
+        "kvroute_worker_running{worker=\"a\"}",
+        "kvroute_worker_assignments_in_flight{worker=\"a\"} 1",
+        "kvroute_index_blocks{worker=\"a\",rank=\"0\"} 2",
+        "kvroute_events_applied",
+        "kvroute_event_sequence_gaps",
+        "kvroute_event_replays",
+    ] {
+        assert!(text.contains(family), "missing {family} in\n{text}");
+    }
+    assert_eq!(send(&app, Request::get("/healthz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
+    assert_eq!(send(&app, Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
+    let (empty, _) = common::state(&[]);
+    assert_eq!(send(&kvroute_state::api::app(empty), Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::SERVICE_UNAVAILABLE);
+}

@@ -1,0 +1,62 @@
+//! Shared test fixtures: a tiny reference KvIndex and a two-worker state.
+#![allow(dead_code)]
+
+use kvroute_state::config::{Config, WorkerConfig};
+use kvroute_state::index::{ApplyStats, KvIndex, PrefixMatch};
+use kvroute_state::state::AppState;
+use kvroute_state::types::{BlockKey, EngineSlot, KvEvent};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Holds whatever the test puts in; ignores events.
+#[derive(Default)]
+pub struct TestIndex {
+    pub blocks: Mutex<HashMap<EngineSlot, HashSet<BlockKey>>>,
+}
+
+impl TestIndex {
+    pub fn hold(&self, engine: EngineSlot, keys: &[u64]) {
+        self.blocks.lock().entry(engine).or_default().extend(keys.iter().map(|k| BlockKey(*k)));
+    }
+}
+
+impl KvIndex for TestIndex {
+    fn apply(&self, _: EngineSlot, _: &str, _: u32, _: &[KvEvent]) -> ApplyStats {
+        ApplyStats::default()
+    }
+    fn clear_engine(&self, engine: EngineSlot) {
+        self.blocks.lock().remove(&engine);
+    }
+    fn match_prefix(&self, keys: &[BlockKey]) -> Vec<PrefixMatch> {
+        let blocks = self.blocks.lock();
+        blocks
+            .iter()
+            .map(|(engine, held)| PrefixMatch {
+                engine: *engine,
+                matched_blocks: keys.iter().take_while(|k| held.contains(k)).count() as u32,
+            })
+            .filter(|m| m.matched_blocks > 0)
+            .collect()
+    }
+    fn engine_blocks(&self, engine: EngineSlot) -> usize {
+        self.blocks.lock().get(&engine).map_or(0, |b| b.len())
+    }
+}
+
+pub const TOKEN: &str = "secret";
+
+pub fn config(workers: &[&str]) -> Config {
+    let mut config = Config { admin_token: Some(TOKEN.into()), seed: Some(7), ..Config::default() };
+    for id in workers {
+        let port = 8000 + config.workers.len();
+        config.workers.push(WorkerConfig { endpoint: format!("127.0.0.1:{port}"), cluster: format!("c_{id}"), ..WorkerConfig::new(id, "m") });
+    }
+    config
+}
+
+pub fn state(workers: &[&str]) -> (AppState, Arc<TestIndex>) {
+    let index = Arc::new(TestIndex::default());
+    let state = AppState::new(config(workers), index.clone()).expect("valid test config");
+    (state, index)
+}
