@@ -11,6 +11,9 @@
 //!   indexed, and is counted, because its kvroute key cannot be computed;
 //! - `clear_engine` forgets everything of that engine, including its engine-hash map.
 
+pub mod memory;
+pub mod reference;
+
 use crate::types::{BlockKey, EngineSlot, KvEvent};
 
 /// What applying a batch did, for metrics.

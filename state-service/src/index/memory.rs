@@ -1,0 +1,266 @@
+//! The embedded in-memory [`KvIndex`]: microsecond prefix lookups for picks.
+//!
+//! Two structures:
+//! - per engine, `EngineHash -> (BlockKey, tiers)`: vLLM's `BlockRemoved` names blocks by
+//!   engine hash only, and a `BlockStored` names its parent by engine hash, so this map turns
+//!   vLLM's hashes into kvroute keys. A block may sit in several tiers (GPU, CPU, storage) at
+//!   once; it stays indexed while any tier holds it.
+//! - global, sharded: `BlockKey -> engines holding it` (see `holders.rs` for the layout).
+//!
+//! Key roots. An engine's chains start at `KeyRoot::new(lora_name.unwrap_or(model), "",
+//! cache_salt.unwrap_or(""))`, where `model` is the engine's configured model and `lora_name`
+//! / `cache_salt` come from the event. The matching convention on the request side: a client
+//! addresses a LoRA adapter by sending its name as `model`, and the filter computes keys with
+//! `KeyRoot::new(request.model, "", cache_salt)`. So a request for adapter "sql-lora" matches
+//! blocks vLLM stored with `lora_name = "sql-lora"`, and a base-model request matches blocks
+//! stored without a LoRA.
+//!
+//! Keys are computed once, when a block is stored, from its parent's key (the engine map) and
+//! its tokens; a store of a hash the engine already holds only adds a tier. Only full blocks
+//! of the configured size get keys (vLLM may also report one partial block).
+//!
+//! Concurrency: a writer (one ingest thread per engine) takes its engine's mutex, then one
+//! shard write lock per block; a pick takes only shard read locks, one per key it walks.
+//! Lock order is always engine -> shard, so there is no deadlock, and a pick never waits for
+//! a whole batch. A pick may see a batch half applied, which is harmless for routing.
+
+mod hasher;
+mod holders;
+
+use super::{ApplyStats, KvIndex, PrefixMatch};
+use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
+use hasher::SeededState;
+use holders::Shard;
+use kvroute_core::keys::{extend_token_keys, KeyRoot};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const SHARDS: usize = 64;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    key: BlockKey,
+    /// Bit per [`Tier`] holding this block.
+    tiers: u8,
+}
+
+fn tier_bit(t: Tier) -> u8 {
+    match t {
+        Tier::Gpu => 1,
+        Tier::Cpu => 2,
+        Tier::Storage => 4,
+    }
+}
+
+#[derive(Default)]
+struct EngineMap {
+    blocks: HashMap<EngineHash, Entry, SeededState>,
+    /// Scratch for computed keys, reused across events.
+    keys: Vec<BlockKey>,
+}
+
+/// See the module docs.
+pub struct MemoryIndex {
+    shards: Box<[RwLock<Shard>]>,
+    engines: RwLock<HashMap<EngineSlot, Arc<Mutex<EngineMap>>>>,
+}
+
+impl Default for MemoryIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryIndex {
+    pub fn new() -> Self {
+        MemoryIndex {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            engines: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Distinct block keys held by at least one engine.
+    pub fn distinct_keys(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    fn shard(&self, key: BlockKey) -> &RwLock<Shard> {
+        // Keys are uniform hashes: the top bits pick the shard, the map uses its own hasher.
+        &self.shards[(key.0 >> 58) as usize % SHARDS]
+    }
+
+    fn engine(&self, engine: EngineSlot) -> Arc<Mutex<EngineMap>> {
+        if let Some(e) = self.engines.read().get(&engine) {
+            return Arc::clone(e);
+        }
+        Arc::clone(self.engines.write().entry(engine).or_default())
+    }
+
+    fn store(&self, slot: EngineSlot, e: &mut EngineMap, ev: StoreArgs<'_>, stats: &mut ApplyStats) {
+        let bs = ev.block_size as usize;
+        if ev.block_size != ev.configured || bs == 0 {
+            stats.rejected_bad_block += ev.hashes.len() as u64;
+            return;
+        }
+        let parent_key = match ev.parent {
+            None => KeyRoot::new(ev.lora_name.unwrap_or(ev.model), "", ev.cache_salt.unwrap_or("")).token_root(),
+            Some(p) => match e.blocks.get(&p) {
+                Some(entry) => entry.key,
+                None => {
+                    stats.rejected_unknown_parent += 1;
+                    return;
+                }
+            },
+        };
+        let full = ev.hashes.len().min(ev.token_ids.len() / bs);
+        stats.rejected_bad_block += (ev.hashes.len() - full) as u64;
+        let mut keys = std::mem::take(&mut e.keys);
+        keys.clear();
+        extend_token_keys(parent_key, &ev.token_ids[..full * bs], bs, &mut keys);
+        let bit = tier_bit(ev.tier);
+        for (&hash, &key) in ev.hashes.iter().zip(&keys) {
+            stats.blocks_stored += 1;
+            match e.blocks.entry(hash) {
+                std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().tiers |= bit,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(Entry { key, tiers: bit });
+                    self.shard(key).write().add(key, slot.0);
+                }
+            }
+        }
+        e.keys = keys;
+    }
+
+    fn remove(&self, slot: EngineSlot, e: &mut EngineMap, hashes: &[EngineHash], tier: Tier, stats: &mut ApplyStats) {
+        let bit = tier_bit(tier);
+        for hash in hashes {
+            let Some(entry) = e.blocks.get_mut(hash).filter(|x| x.tiers & bit != 0) else {
+                stats.rejected_unknown_hash += 1;
+                continue;
+            };
+            stats.blocks_removed += 1;
+            entry.tiers &= !bit;
+            if entry.tiers == 0 {
+                let key = entry.key;
+                e.blocks.remove(hash);
+                self.shard(key).write().release(key, slot.0);
+            }
+        }
+    }
+
+    fn clear_locked(&self, slot: EngineSlot, e: &mut EngineMap) {
+        for entry in std::mem::take(&mut e.blocks).into_values() {
+            self.shard(entry.key).write().release(entry.key, slot.0);
+        }
+    }
+}
+
+/// The parts of a `KvEvent::Stored` plus the engine's configuration.
+struct StoreArgs<'a> {
+    model: &'a str,
+    configured: u32,
+    hashes: &'a [EngineHash],
+    parent: Option<EngineHash>,
+    token_ids: &'a [u32],
+    block_size: u32,
+    lora_name: Option<&'a str>,
+    cache_salt: Option<&'a str>,
+    tier: Tier,
+}
+
+impl KvIndex for MemoryIndex {
+    fn apply(&self, engine: EngineSlot, model: &str, block_size: u32, events: &[KvEvent]) -> ApplyStats {
+        let mut stats = ApplyStats::default();
+        let handle = self.engine(engine);
+        let mut e = handle.lock();
+        for ev in events {
+            match ev {
+                KvEvent::Stored { hashes, parent, token_ids, block_size: bs, lora_name, cache_salt, tier } => {
+                    let args = StoreArgs {
+                        model,
+                        configured: block_size,
+                        hashes,
+                        parent: *parent,
+                        token_ids,
+                        block_size: *bs,
+                        lora_name: lora_name.as_deref(),
+                        cache_salt: cache_salt.as_deref(),
+                        tier: *tier,
+                    };
+                    self.store(engine, &mut e, args, &mut stats);
+                }
+                KvEvent::Removed { hashes, tier } => self.remove(engine, &mut e, hashes, *tier, &mut stats),
+                KvEvent::AllCleared => {
+                    stats.clears += 1;
+                    self.clear_locked(engine, &mut e);
+                }
+            }
+        }
+        stats
+    }
+
+    fn clear_engine(&self, engine: EngineSlot) {
+        let handle = self.engines.read().get(&engine).cloned();
+        if let Some(handle) = handle {
+            self.clear_locked(engine, &mut handle.lock());
+        }
+    }
+
+    fn match_prefix(&self, keys: &[BlockKey]) -> Vec<PrefixMatch> {
+        let Some(&first) = keys.first() else { return Vec::new() };
+        let mut slots: Vec<u32> = Vec::new();
+        self.shard(first).read().for_each_holder(first, |s| slots.push(s));
+        let Some(&max) = slots.iter().max() else { return Vec::new() };
+        // Engines still matching, as a bitset over slots (the registry numbers them densely).
+        let words = max as usize / 64 + 1;
+        let mut active = vec![0u64; words];
+        for &s in &slots {
+            active[s as usize / 64] |= 1 << (s % 64);
+        }
+        let mut alive = slots.len();
+        let mut out = Vec::with_capacity(alive);
+        let mut next = vec![0u64; words];
+        for (i, &key) in keys.iter().enumerate().skip(1) {
+            next.iter_mut().for_each(|w| *w = 0);
+            self.shard(key).read().for_each_holder(key, |s| {
+                if let Some(w) = next.get_mut(s as usize / 64) {
+                    *w |= 1 << (s % 64);
+                }
+            });
+            alive -= drain_bits(&mut active, &next, |slot| out.push(matched(slot, i)));
+            if alive == 0 {
+                return out;
+            }
+        }
+        drain_bits(&mut active, &vec![0; words], |slot| out.push(matched(slot, keys.len())));
+        out
+    }
+
+    fn engine_blocks(&self, engine: EngineSlot) -> usize {
+        let handle = self.engines.read().get(&engine).cloned();
+        handle.map_or(0, |h| h.lock().blocks.len())
+    }
+}
+
+fn matched(slot: u32, n: usize) -> PrefixMatch {
+    PrefixMatch { engine: EngineSlot(slot), matched_blocks: n as u32 }
+}
+
+/// `active &= keep`, calling `dropped` for every slot that was active and is not kept.
+fn drain_bits(active: &mut [u64], keep: &[u64], mut dropped: impl FnMut(u32)) -> usize {
+    let mut n = 0;
+    for (w, (a, k)) in active.iter_mut().zip(keep).enumerate() {
+        let mut gone = *a & !k;
+        *a &= k;
+        while gone != 0 {
+            dropped(w as u32 * 64 + gone.trailing_zeros());
+            gone &= gone - 1;
+            n += 1;
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+use super::*;
+use kvroute_core::keys::token_block_keys;
+
+const M: &str = "m";
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>, tier: Tier) -> KvEvent {
+    KvEvent::Stored {
+        hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+        parent: parent.map(EngineHash),
+        token_ids: tokens.collect(),
+        block_size: 4,
+        lora_name: None,
+        cache_salt: None,
+        tier,
+    }
+}
+
+fn keys(n: u32) -> Vec<BlockKey> {
+    token_block_keys(&KeyRoot::new(M, "", ""), &(0..n).collect::<Vec<_>>(), 4)
+}
+
+fn matches(idx: &MemoryIndex, keys: &[BlockKey]) -> Vec<(u32, u32)> {
+    let mut v: Vec<_> = idx.match_prefix(keys).into_iter().map(|m| (m.engine.0, m.matched_blocks)).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn chains_across_events_and_engines() {
+    let idx = MemoryIndex::new();
+    let e0 = EngineSlot(0);
+    let e1 = EngineSlot(200);
+    let big = u64::MAX - 3;
+    idx.apply(e0, M, 4, &[stored(&[big, 2], None, 0..8, Tier::Gpu)]);
+    let s = idx.apply(e0, M, 4, &[stored(&[3], Some(2), 8..12, Tier::Gpu)]);
+    assert_eq!(s.blocks_stored, 1);
+    idx.apply(e1, M, 4, &[stored(&[9], None, 0..4, Tier::Cpu)]);
+    assert_eq!(matches(&idx, &keys(16)), vec![(0, 3), (200, 1)]);
+    assert_eq!(matches(&idx, &keys(12)), vec![(0, 3), (200, 1)]);
+    assert_eq!(matches(&idx, &keys(16)[1..]), vec![(0, 2)]);
+    assert!(idx.match_prefix(&[]).is_empty());
+    assert_eq!(idx.engine_blocks(e0), 3);
+    assert_eq!(idx.distinct_keys(), 3);
+}
+
+#[test]
+fn tiers_unknowns_partials_and_clears() {
+    let idx = MemoryIndex::new();
+    let e = EngineSlot(5);
+    idx.apply(e, M, 4, &[stored(&[1, 2], None, 0..8, Tier::Gpu), stored(&[2], Some(1), 4..8, Tier::Cpu)]);
+    let s = idx.apply(e, M, 4, &[KvEvent::Removed { hashes: vec![EngineHash(2), EngineHash(77)], tier: Tier::Gpu }]);
+    assert_eq!((s.blocks_removed, s.rejected_unknown_hash), (1, 1));
+    assert_eq!(matches(&idx, &keys(8)), vec![(5, 2)], "still held on CPU");
+    idx.apply(e, M, 4, &[KvEvent::Removed { hashes: vec![EngineHash(2)], tier: Tier::Cpu }]);
+    assert_eq!(matches(&idx, &keys(8)), vec![(5, 1)]);
+
+    let s = idx.apply(e, M, 4, &[stored(&[3], Some(99), 4..8, Tier::Gpu)]);
+    assert_eq!(s.rejected_unknown_parent, 1);
+    // Two hashes, tokens for one and a half blocks: key the full one only.
+    let s = idx.apply(e, M, 4, &[stored(&[2, 3], Some(1), 4..10, Tier::Gpu)]);
+    assert_eq!((s.blocks_stored, s.rejected_bad_block), (1, 1));
+    // vLLM's partial-block event: block_size smaller than configured.
+    let partial = KvEvent::Stored {
+        hashes: vec![EngineHash(4)],
+        parent: Some(EngineHash(2)),
+        token_ids: vec![1, 2],
+        block_size: 2,
+        lora_name: None,
+        cache_salt: None,
+        tier: Tier::Gpu,
+    };
+    assert_eq!(idx.apply(e, M, 4, &[partial]).rejected_bad_block, 1);
+    assert_eq!(idx.engine_blocks(e), 2);
+    let s = idx.apply(e, M, 4, &[KvEvent::AllCleared]);
+    assert_eq!(s.clears, 1);
+    assert_eq!(idx.engine_blocks(e), 0);
+    assert!(idx.match_prefix(&keys(8)).is_empty());
+    assert_eq!(idx.distinct_keys(), 0);
+}
+
+#[test]
+fn lora_and_salt_select_the_root() {
+    let idx = MemoryIndex::new();
+    let ev = KvEvent::Stored {
+        hashes: vec![EngineHash(1)],
+        parent: None,
+        token_ids: vec![0, 1, 2, 3],
+        block_size: 4,
+        lora_name: Some("sql".into()),
+        cache_salt: Some("tenant".into()),
+        tier: Tier::Gpu,
+    };
+    idx.apply(EngineSlot(0), M, 4, &[ev]);
+    let want = token_block_keys(&KeyRoot::new("sql", "", "tenant"), &[0, 1, 2, 3], 4);
+    assert_eq!(matches(&idx, &want), vec![(0, 1)]);
+    assert!(idx.match_prefix(&keys(4)).is_empty());
+}
+
+#[test]
+fn clear_engine_leaves_other_engines() {
+    let idx = MemoryIndex::new();
+    idx.apply(EngineSlot(0), M, 4, &[stored(&[1], None, 0..4, Tier::Gpu)]);
+    idx.apply(EngineSlot(1), M, 4, &[stored(&[1], None, 0..4, Tier::Gpu)]);
+    idx.clear_engine(EngineSlot(0));
+    idx.clear_engine(EngineSlot(9));
+    assert_eq!(matches(&idx, &keys(4)), vec![(1, 1)]);
+}
+
+#[test]
+fn equals_reference_on_random_streams() {
+    let make = || Box::new(MemoryIndex::new()) as Box<dyn KvIndex>;
+    if let Err(e) = crate::index::reference::differential::check(&make, 0..8, 150) {
+        panic!("{e}");
+    }
+    // The full run (many seeds, coverage asserted) is tests/index_differential.rs.
+}

@@ -1,0 +1,56 @@
+//! Sequence tracking for one engine's live stream, as a pure state machine.
+//!
+//! vLLM numbers batches 0, 1, 2, ... per engine process. A jump forward means we missed
+//! batches (ZMQ drops on a slow or reconnecting subscriber): ask the replay socket. A jump
+//! backwards means the engine process restarted with an empty cache: forget the engine.
+
+/// What to do with a live message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SeqAction {
+    /// In order (or the first message seen): apply.
+    Apply,
+    /// Batches `from..seq` are missing: replay them, then apply this one.
+    Gap { from: u64 },
+    /// The engine restarted: clear its blocks, then apply.
+    Reset,
+    /// Same sequence number as the last one: already applied.
+    Duplicate,
+}
+
+#[derive(Default)]
+pub(crate) struct SeqTracker {
+    last: Option<u64>,
+}
+
+impl SeqTracker {
+    /// Classifies `seq` and records it as the last one.
+    pub(crate) fn observe(&mut self, seq: u64) -> SeqAction {
+        let action = match self.last {
+            None => SeqAction::Apply,
+            Some(last) if seq == last => SeqAction::Duplicate,
+            Some(last) if seq < last => SeqAction::Reset,
+            Some(last) if seq == last + 1 => SeqAction::Apply,
+            Some(last) => SeqAction::Gap { from: last + 1 },
+        };
+        self.last = Some(seq);
+        action
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_every_case() {
+        let mut t = SeqTracker::default();
+        assert_eq!(t.observe(5), SeqAction::Apply, "first message is accepted");
+        assert_eq!(t.observe(6), SeqAction::Apply);
+        assert_eq!(t.observe(6), SeqAction::Duplicate);
+        assert_eq!(t.observe(9), SeqAction::Gap { from: 7 });
+        assert_eq!(t.observe(10), SeqAction::Apply);
+        assert_eq!(t.observe(0), SeqAction::Reset);
+        assert_eq!(t.observe(1), SeqAction::Apply);
+        assert_eq!(t.observe(u64::MAX - 1), SeqAction::Gap { from: 2 });
+    }
+}
