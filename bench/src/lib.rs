@@ -1,1 +1,30 @@
-//! kvroute-bench (in progress).
+//! kvroute-bench: measures whether cache-aware routing pays off, the way
+//! /work/shared/docs/benchmarks.md (section 1) asks — same stack, same seeded workload,
+//! only the state service's policy changes between passes.
+//!
+//! Module map:
+//! - [`workload`]: seeded workloads (shared-prefix groups, multi-turn sessions, independent
+//!   prompts, Mooncake trace replay) and the OpenAI request bodies they become.
+//! - [`stats`]: percentiles, goodput under a TTFT SLO, per-pass summaries.
+//! - [`report`] / [`plot`]: terminal and markdown tables, JSON, SVG plots.
+//! - [`client`]: one streaming request, timed at the first token and the last.
+//! - [`runner`]: the open-loop driver (Poisson or trace arrivals), bounded in count and time.
+//! - [`control`]: the stack's admin surface (policy switch, resets, metrics scrapes).
+//! - [`compare`]: one pass per policy (and rate), with resets in between.
+//! - [`stack`]: starts and stops the whole stack on loopback ports.
+//!
+//! Everything only ever talks to loopback addresses ([`target::ensure_loopback`]).
+
+pub mod client;
+pub mod compare;
+pub mod control;
+pub mod error;
+pub mod plot;
+pub mod report;
+pub mod runner;
+pub mod stack;
+pub mod stats;
+pub mod target;
+pub mod workload;
+
+pub use error::BenchError;

@@ -1,0 +1,115 @@
+//! A comparison run: for each offered rate, one pass per policy on the same stack and the
+//! same workload. Before each pass the workers' prefix caches and the state service are
+//! reset and the policy is switched, so no pass inherits another's warm cache; after it,
+//! the run waits for the workers to drain so stragglers do not load the next pass.
+
+use crate::control::Control;
+use crate::report::{CacheDelta, PassResult, RunReport};
+use crate::runner::{self, Arrival, RunSpec};
+use crate::stats::{Slo, Summary};
+use crate::workload::Workload;
+use crate::BenchError;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::Duration;
+
+pub const POLICIES: [&str; 5] = ["random", "round_robin", "least_loaded", "approx_prefix", "kvroute"];
+
+#[derive(Clone, Debug)]
+pub struct CompareSpec {
+    pub policies: Vec<String>,
+    /// Offered rates (requests/s); ignored for timestamped workloads.
+    pub rates: Vec<f64>,
+    pub run: RunSpec,
+    pub slo: Slo,
+    /// Pause after the resets, so the events they cause reach the state service first.
+    pub settle: Duration,
+    pub drain_limit: Duration,
+    pub progress: bool,
+}
+
+fn bar(len: usize, label: String, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len as u64);
+    let style = ProgressStyle::with_template("{prefix:>28} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    b.set_style(style);
+    b.set_prefix(label);
+    b.enable_steady_tick(Duration::from_millis(500));
+    b
+}
+
+pub async fn run_pass(
+    workload: &Workload,
+    control: &Control,
+    spec: &CompareSpec,
+    policy: &str,
+    rate: Option<f64>,
+) -> Result<PassResult, BenchError> {
+    control.reset_workers().await?;
+    control.reset_state().await?;
+    control.set_policy(policy).await?;
+    tokio::time::sleep(spec.settle).await;
+    let before = control.cache_counters().await?;
+    let degraded_before = control.state_degraded().await;
+    let mut run = spec.run.clone();
+    run.arrival = match rate {
+        Some(rate) => Arrival::Poisson { rate },
+        None => Arrival::Timestamps,
+    };
+    let label = match rate {
+        Some(r) => format!("{policy} @ {r:.2}/s"),
+        None => format!("{policy} (trace)"),
+    };
+    let b = bar(workload.num_requests(), label, spec.progress);
+    let out = runner::run(workload, &run, b.clone()).await;
+    b.finish_with_message(format!("{:.0} s", out.duration_s));
+    let drained = control.wait_idle(spec.drain_limit).await;
+    if !drained {
+        eprintln!("warning: workers still busy {:?} after the {policy} pass", spec.drain_limit);
+    }
+    let after = control.cache_counters().await?;
+    let cache = CacheDelta { queries: after.queries - before.queries, hits: after.hits - before.hits };
+    let state_degraded = match (degraded_before, control.state_degraded().await) {
+        (Some(b), Some(a)) => Some(a - b),
+        (None, Some(a)) => Some(a),
+        _ => None,
+    };
+    Ok(PassResult {
+        policy: policy.to_string(),
+        rate,
+        summary: Summary::new(&out.samples, out.duration_s, spec.slo),
+        cache_hit_ratio: cache.hit_ratio(),
+        cache,
+        state_degraded,
+        samples: out.samples,
+    })
+}
+
+/// Every (rate, policy) pass, in that order; `on_pass` sees each result as it lands.
+pub async fn compare(
+    workload: &Workload,
+    control: &Control,
+    spec: &CompareSpec,
+    params: serde_json::Value,
+    mut on_pass: impl FnMut(&PassResult),
+) -> Result<RunReport, BenchError> {
+    let rates: Vec<Option<f64>> =
+        if workload.is_timed() { vec![None] } else { spec.rates.iter().copied().map(Some).collect() };
+    let mut passes = Vec::new();
+    for rate in rates {
+        for policy in &spec.policies {
+            let p = run_pass(workload, control, spec, policy, rate).await?;
+            on_pass(&p);
+            passes.push(p);
+        }
+    }
+    Ok(RunReport {
+        workload: workload.name.clone(),
+        params,
+        slo: spec.slo,
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        passes,
+    })
+}

@@ -1,0 +1,134 @@
+//! `kvroute-bench stack`: start the stack (or attach to one), compare the policies, write
+//! the results, stop what was started — also on Ctrl-C, where the stack guard is dropped
+//! before the process exits.
+
+use crate::cli::{CompareArgs, WorkloadArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvroute_bench::compare;
+use kvroute_bench::control::Control;
+use kvroute_bench::report::table;
+use kvroute_bench::stack::{Ports, Stack, StackConfig};
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone, serde::Serialize)]
+pub struct StackArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub compare: CompareArgs,
+    /// Run against an already-running stack (--url, --state-url, --worker-url) instead.
+    #[arg(long)]
+    pub attach: bool,
+    /// attach: Envoy's listener.
+    #[arg(long, default_value = "http://127.0.0.1:10000")]
+    pub url: String,
+    /// attach: the state service.
+    #[arg(long, default_value = "http://127.0.0.1:9000")]
+    pub state_url: String,
+    /// attach: each simulated worker's base URL (repeat or comma-separate).
+    #[arg(long, value_delimiter = ',')]
+    pub worker_url: Vec<String>,
+    /// The state service's admin token (attach); the generated one otherwise.
+    #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
+    #[serde(skip)]
+    pub admin_token: Option<String>,
+    /// Simulated workers to start.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Envoy listens on BASE, its admin on BASE+1, the state service on BASE+2, workers on
+    /// BASE+100.., their ZMQ sockets on BASE+200...
+    #[arg(long, default_value_t = 18000)]
+    pub port_base: u16,
+    /// The sims' time scale (0.25 = four times faster than the L40S/27B profile).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Where kvroute-sim and kvroute-state are.
+    #[arg(long, default_value = "target/release")]
+    pub bin_dir: PathBuf,
+    #[arg(long, env = "ENVOY", default_value = ".cache/venv/bin/envoy")]
+    pub envoy: PathBuf,
+    #[arg(long, default_value = "target/wasm32-wasip1/release/kvroute_filter.wasm")]
+    pub wasm: PathBuf,
+    /// Tokenizer for the sims' chat endpoint (see sim/fetch-tokenizer.sh).
+    #[arg(long, env = "KVROUTE_TOKENIZER_DIR")]
+    pub tokenizer_dir: Option<PathBuf>,
+    /// Extra kvroute-sim flag, repeatable: --sim-arg=--num-gpu-blocks --sim-arg=3000.
+    #[arg(long, allow_hyphen_values = true)]
+    pub sim_arg: Vec<String>,
+}
+
+fn abs(p: &PathBuf) -> Result<PathBuf> {
+    Ok(if p.is_absolute() { p.clone() } else { std::env::current_dir()?.join(p) })
+}
+
+async fn start(args: &StackArgs) -> Result<Stack> {
+    let cfg = StackConfig {
+        sim_bin: abs(&args.bin_dir.join("kvroute-sim"))?,
+        state_bin: abs(&args.bin_dir.join("kvroute-state"))?,
+        envoy_bin: abs(&args.envoy)?,
+        wasm: abs(&args.wasm)?,
+        workers: args.workers,
+        ports: Ports::from_base(args.port_base),
+        model: args.workload.model.clone(),
+        time_scale: args.time_scale,
+        admin_token: format!("bench-{}", std::process::id()),
+        tokenizer_dir: args.tokenizer_dir.as_ref().map(abs).transpose()?,
+        sim_args: args.sim_arg.clone(),
+        work_dir: abs(&args.compare.out.join("stack"))?,
+    };
+    eprintln!("starting {} workers, the state service and Envoy (logs in {})", cfg.workers, cfg.work_dir.display());
+    Ok(Stack::start(cfg).await?)
+}
+
+pub async fn run(args: StackArgs) -> Result<()> {
+    if args.workers == 0 || !(args.time_scale > 0.0) {
+        bail!("--workers must be > 0 and --time-scale > 0");
+    }
+    let workload = args.workload.build().context("building the workload")?;
+    eprintln!("workload {}: {} requests in {} sessions", workload.name, workload.num_requests(), workload.sessions.len());
+    let mut stack = None;
+    let (url, control) = if args.attach {
+        if args.worker_url.is_empty() {
+            bail!("--attach needs --worker-url for each simulated worker (cache resets and hit ratios)");
+        }
+        let c = Control::new(args.state_url.clone(), args.admin_token.clone(), args.worker_url.clone())?;
+        (args.url.clone(), c)
+    } else {
+        let s = tokio::select! {
+            s = start(&args) => s?,
+            _ = tokio::signal::ctrl_c() => bail!("interrupted while starting the stack"),
+        };
+        let c = Control::new(s.state_url(), Some(s.config.admin_token.clone()), s.worker_urls())?;
+        let url = s.envoy_url();
+        stack = Some(s);
+        (url, c)
+    };
+    let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed)?;
+    let params = serde_json::to_value(&args)?;
+    let run = compare::compare(&workload, &control, &spec, params, |p| {
+        let s = &p.summary;
+        eprintln!(
+            "  {:<14} ttft p50 {:>7.3} s  p90 {:>7.3} s  goodput {:>6.1}/min  cache hit {}",
+            p.policy,
+            s.ttft_p50.unwrap_or(f64::NAN),
+            s.ttft_p90.unwrap_or(f64::NAN),
+            s.goodput.per_min,
+            p.cache_hit_ratio.map_or("-".into(), |h| format!("{:.1}%", h * 100.0))
+        );
+    });
+    let report = tokio::select! {
+        r = run => r,
+        _ = tokio::signal::ctrl_c() => {
+            drop(stack.take());
+            bail!("interrupted; everything the benchmark started has been stopped");
+        }
+    };
+    drop(stack.take());
+    let report = report?;
+    print!("\n{}", table(&report));
+    for p in crate::output::write(&report, &args.compare.out)? {
+        println!("wrote {p}");
+    }
+    Ok(())
+}
