@@ -316,7 +316,8 @@ def run(scn: dict, stdin: Stdin | None) -> int:
             parts = line.split()
             n = int(parts[1]) if len(parts) > 1 else 1
             t = float(parts[2]) if len(parts) > 2 else 10.0
-            if not pub._is_bind_endpoint(resolved.endpoint):
+            # The configured endpoint decides (vLLM resolves tcp://*:0 to a concrete one).
+            if not pub._is_bind_endpoint(cfg_kw["endpoint"]):
                 # Connect mode: vLLM's PUB connected inside its constructor, before
                 # any monitor could be attached, so handshakes are not observable.
                 # Also, a *bound* SUB only sends its SUBSCRIBE once the application
