@@ -3,6 +3,7 @@
 //! answers "where should this request go?" with a predicted time to first token.
 
 pub mod api;
+pub mod app;
 pub mod assign;
 pub mod config;
 pub mod events;

@@ -1,4 +1,57 @@
-fn main() {
-    eprintln!("kvroute-state: not yet wired");
-    std::process::exit(2);
+//! `kvroute-state --config path.toml [--listen 127.0.0.1:9000] [--policy kvroute]`
+//!
+//! Thin on purpose: parse the config, start the service (`app::start`), serve the API until
+//! SIGTERM or ctrl-c.
+
+use anyhow::Context;
+use clap::Parser;
+use kvroute_state::config::{Cli, Config};
+use kvroute_state::index::memory::MemoryIndex;
+use std::sync::Arc;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let config = Config::from_cli(&cli).context("configuration")?;
+    let listen = config.listen;
+    let (workers, policy) = (config.workers.len(), config.policy);
+    let state = kvroute_state::app::start(config, Arc::new(MemoryIndex::new())).context("registering workers")?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    tracing::info!(%listen, workers, %policy, "kvroute-state serving");
+    axum::serve(listener, kvroute_state::api::app(state)).with_graceful_shutdown(shutdown()).await.context("serving")?;
+    tracing::info!("kvroute-state stopped");
+    Ok(())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
 }

@@ -15,6 +15,7 @@ use crate::load::LoadState;
 use crate::score::Calibration;
 use crate::types::{EngineSlot, WorkerId};
 use parking_lot::Mutex;
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::task::AbortHandle;
@@ -35,8 +36,10 @@ pub struct WorkerEntry {
     pub engines: Vec<Engine>,
     pub load: Mutex<LoadState>,
     pub calibration: Mutex<Calibration>,
-    /// Background tasks (scraper, ingestion) stopped when the worker is removed.
+    /// Background tasks (scraper) aborted when the worker is removed.
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Handles whose drop stops something (ingestion threads), dropped on removal.
+    guards: Mutex<Vec<Box<dyn Any + Send>>>,
 }
 
 impl WorkerEntry {
@@ -48,11 +51,19 @@ impl WorkerEntry {
         self.tasks.lock().push(task);
     }
 
-    /// Aborts the worker's background tasks.
+    /// Keeps `guard` alive until the worker is removed.
+    pub fn add_guard(&self, guard: Box<dyn Any + Send>) {
+        self.guards.lock().push(guard);
+    }
+
+    /// Aborts the worker's tasks and drops its guards (which may join threads: call it
+    /// without holding the registry lock).
     pub fn stop_tasks(&self) {
         for t in self.tasks.lock().drain(..) {
             t.abort();
         }
+        let guards: Vec<_> = self.guards.lock().drain(..).collect();
+        drop(guards);
     }
 }
 
@@ -100,16 +111,15 @@ impl Registry {
             load: Mutex::new(LoadState::default()),
             calibration: Mutex::new(calibration),
             tasks: Mutex::new(Vec::new()),
+            guards: Mutex::new(Vec::new()),
         });
         self.workers.insert(id, entry.clone());
         Ok(entry)
     }
 
-    /// Unregisters a worker and stops its tasks. The caller clears its engines from the index.
+    /// Unregisters a worker. The caller stops its tasks and clears its engines from the index.
     pub fn remove(&mut self, id: &str) -> Option<Arc<WorkerEntry>> {
-        let entry = self.workers.remove(&WorkerId::new(id))?;
-        entry.stop_tasks();
-        Some(entry)
+        self.workers.remove(&WorkerId::new(id))
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<WorkerEntry>> {

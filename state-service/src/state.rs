@@ -133,6 +133,7 @@ impl AppState {
     /// Unregisters a worker, stops its tasks and forgets everything learned about it.
     pub fn remove_worker(&self, id: &str) -> bool {
         let Some(entry) = self.registry.write().remove(id) else { return false };
+        entry.stop_tasks();
         for slot in entry.slots() {
             self.index.clear_engine(slot);
         }
