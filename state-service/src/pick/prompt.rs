@@ -47,7 +47,7 @@ impl PromptView {
     fn tokens(req: &PickRequest, block_size: u32) -> PromptView {
         let mismatch = req.block_size != 0 && req.block_size != block_size;
         let keys: Vec<BlockKey> = if mismatch { Vec::new() } else { req.token_keys.iter().map(|k| BlockKey(*k)).collect() };
-        let keyed_tokens = (req.token_keys.len() as u32).saturating_mul(req.block_size.max(1));
+        let keyed_tokens = (req.token_keys.len() as u32).saturating_mul(block_size);
         PromptView {
             keys,
             exact: true,
