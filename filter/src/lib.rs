@@ -1,1 +1,29 @@
-//! kvroute-filter (in progress).
+//! kvroute-filter: the proxy-wasm module that routes each LLM request to the vLLM worker the
+//! kvroute state service predicts will return its first token soonest.
+//!
+//! Module map:
+//! - [`config`]: the plugin configuration (JSON), parsed and validated once.
+//! - [`decision`]: pure request-path logic: header stripping, pick request building, pick
+//!   response -> route or fallback reason.
+//! - [`usage`], [`report`]: response tail, `usage` parsing, first-token / complete / cancel
+//!   tracking, and the bounded report batch queue.
+//! - `host`, `metrics`, `root`, `http`: the thin proxy-wasm glue (host calls that never panic,
+//!   metric handles, the root context, the per-request HTTP context).
+//!
+//! The filter fails open: whatever goes wrong, the request continues to the route's default
+//! upstream with a counted, labelled reason. It never panics in a callback.
+
+pub mod config;
+pub mod decision;
+pub mod report;
+pub mod usage;
+
+mod host;
+mod http;
+mod metrics;
+mod root;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> { Box::new(root::Root::default()) });
+}}

@@ -1,0 +1,281 @@
+//! Plugin configuration: the JSON in the Wasm filter's `configuration`, parsed once by the root
+//! context. Every field has a default except the state-service cluster, so a minimal config is
+//! `{"state_cluster": "kvroute_state"}`. Unknown fields are rejected: a typo in a deployment
+//! config should stop the plugin from loading (Envoy logs why) rather than silently do nothing.
+
+use kvroute_core::request::Api;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where the routing decision is written.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingMode {
+    /// A header the route's `cluster_header` reads: one Envoy cluster per worker.
+    Cluster,
+    /// The override-host header read by `envoy.load_balancing_policies.override_host`
+    /// (or an ORIGINAL_DST cluster's `http_header_name`): one endpoint inside one cluster.
+    Endpoint,
+}
+
+/// Default override-host header: the one the Gateway API inference extension uses, so a
+/// cluster configured for an endpoint picker works unchanged.
+pub const DEFAULT_ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+pub const DEFAULT_CLUSTER_HEADER: &str = "x-kvroute-cluster";
+/// Prefix of every header kvroute sets; client-supplied copies are always removed.
+pub const OWN_HEADER_PREFIX: &str = "x-kvroute-";
+
+/// The configuration as written (JSON). See [`Config`] for the validated form.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub state_cluster: String,
+    pub state_authority: String,
+    pub pick_path: String,
+    pub report_path: String,
+    pub pick_timeout_ms: u64,
+    pub report_timeout_ms: u64,
+    pub routing_mode: RoutingMode,
+    pub route_header: Option<String>,
+    pub decision_header: bool,
+    pub fallback_header: bool,
+    pub max_body_bytes: usize,
+    pub llm_paths: BTreeMap<String, String>,
+    pub block_size: u32,
+    pub model_block_sizes: BTreeMap<String, u32>,
+    pub text_chunk_bytes: usize,
+    pub report_flush_ms: u64,
+    pub report_max_batch: usize,
+    pub report_max_pending: usize,
+    pub response_tail_bytes: usize,
+    pub tenant_header: Option<String>,
+    pub trust_tenant_header: bool,
+    pub strip_headers: Vec<String>,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        RawConfig {
+            state_cluster: String::new(),
+            state_authority: "kvroute-state".into(),
+            pick_path: "/v1/pick".into(),
+            report_path: "/v1/report".into(),
+            pick_timeout_ms: 50,
+            report_timeout_ms: 1000,
+            routing_mode: RoutingMode::Endpoint,
+            route_header: None,
+            decision_header: true,
+            fallback_header: true,
+            max_body_bytes: 4 << 20,
+            llm_paths: [
+                ("/v1/completions", "completions"),
+                ("/v1/chat/completions", "chat_completions"),
+                ("/v1/messages", "messages"),
+            ]
+            .into_iter()
+            .map(|(p, a)| (p.to_string(), a.to_string()))
+            .collect(),
+            block_size: 16,
+            model_block_sizes: BTreeMap::new(),
+            text_chunk_bytes: kvroute_core::keys::DEFAULT_TEXT_CHUNK_BYTES,
+            report_flush_ms: 100,
+            report_max_batch: 512,
+            report_max_pending: 20_000,
+            response_tail_bytes: 16 << 10,
+            tenant_header: None,
+            trust_tenant_header: false,
+            strip_headers: Vec::new(),
+        }
+    }
+}
+
+/// Validated configuration, shared (read-only) by every HTTP context of a VM.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub state_cluster: String,
+    pub state_authority: String,
+    pub pick_path: String,
+    pub report_path: String,
+    pub pick_timeout: Duration,
+    pub report_timeout: Duration,
+    pub routing_mode: RoutingMode,
+    /// Lower-case name of the header the decision is written to.
+    pub route_header: String,
+    pub decision_header: bool,
+    pub fallback_header: bool,
+    pub max_body_bytes: usize,
+    /// Path (without query) -> API. Exact match after trimming a trailing `/`.
+    pub llm_paths: BTreeMap<String, Api>,
+    pub block_size: u32,
+    pub model_block_sizes: BTreeMap<String, u32>,
+    pub text_chunk_bytes: usize,
+    pub report_flush: Duration,
+    pub report_max_batch: usize,
+    pub report_max_pending: usize,
+    pub response_tail_bytes: usize,
+    /// Lower-case tenant header name, if any.
+    pub tenant_header: Option<String>,
+    pub trust_tenant_header: bool,
+    /// Lower-case extra headers removed from every client request.
+    pub strip_headers: Vec<String>,
+}
+
+/// Why a configuration was rejected; the message is logged by `on_configure`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("configuration is not valid JSON for kvroute: {0}")]
+    Json(String),
+    #[error("`state_cluster` is required (the Envoy cluster of the kvroute state service)")]
+    NoCluster,
+    #[error("`{0}` must be greater than zero")]
+    Zero(&'static str),
+    #[error("`llm_paths`: unknown API `{api}` for path `{path}` (expected completions, chat_completions or messages)")]
+    UnknownApi { path: String, api: String },
+    #[error("`{field}`: `{value}` is not a valid header name")]
+    BadHeader { field: &'static str, value: String },
+}
+
+impl Config {
+    /// Parses the plugin configuration bytes. Empty bytes are rejected (no cluster).
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let raw: RawConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
+            RawConfig::default()
+        } else {
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?
+        };
+        Config::validate(raw)
+    }
+
+    pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+        if raw.state_cluster.is_empty() {
+            return Err(ConfigError::NoCluster);
+        }
+        for (name, v) in [
+            ("pick_timeout_ms", raw.pick_timeout_ms as usize),
+            ("report_timeout_ms", raw.report_timeout_ms as usize),
+            ("max_body_bytes", raw.max_body_bytes),
+            ("block_size", raw.block_size as usize),
+            ("report_flush_ms", raw.report_flush_ms as usize),
+            ("report_max_batch", raw.report_max_batch),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if raw.model_block_sizes.values().any(|b| *b == 0) {
+            return Err(ConfigError::Zero("model_block_sizes"));
+        }
+        let mut llm_paths = BTreeMap::new();
+        for (path, api) in &raw.llm_paths {
+            let parsed = match api.as_str() {
+                "completions" => Api::Completions,
+                "chat_completions" => Api::ChatCompletions,
+                "messages" => Api::Messages,
+                _ => return Err(ConfigError::UnknownApi { path: path.clone(), api: api.clone() }),
+            };
+            llm_paths.insert(path.trim_end_matches('/').to_string(), parsed);
+        }
+        let route_header = match (&raw.route_header, raw.routing_mode) {
+            (Some(h), _) => header_name("route_header", h)?,
+            (None, RoutingMode::Endpoint) => DEFAULT_ENDPOINT_HEADER.into(),
+            (None, RoutingMode::Cluster) => DEFAULT_CLUSTER_HEADER.into(),
+        };
+        let tenant_header = raw.tenant_header.as_deref().map(|h| header_name("tenant_header", h)).transpose()?;
+        let strip_headers =
+            raw.strip_headers.iter().map(|h| header_name("strip_headers", h)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Config {
+            state_cluster: raw.state_cluster,
+            state_authority: raw.state_authority,
+            pick_path: raw.pick_path,
+            report_path: raw.report_path,
+            pick_timeout: Duration::from_millis(raw.pick_timeout_ms),
+            report_timeout: Duration::from_millis(raw.report_timeout_ms),
+            routing_mode: raw.routing_mode,
+            route_header,
+            decision_header: raw.decision_header,
+            fallback_header: raw.fallback_header,
+            max_body_bytes: raw.max_body_bytes,
+            llm_paths,
+            block_size: raw.block_size,
+            model_block_sizes: raw.model_block_sizes,
+            text_chunk_bytes: raw.text_chunk_bytes,
+            report_flush: Duration::from_millis(raw.report_flush_ms),
+            report_max_batch: raw.report_max_batch,
+            report_max_pending: raw.report_max_pending,
+            response_tail_bytes: raw.response_tail_bytes,
+            tenant_header,
+            trust_tenant_header: raw.trust_tenant_header,
+            strip_headers,
+        })
+    }
+
+    /// The API served at `path` (query and fragment ignored), or `None` for pass-through paths.
+    pub fn api_for_path(&self, path: &str) -> Option<Api> {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        self.llm_paths.get(path.trim_end_matches('/')).copied()
+    }
+
+    /// The block size for `model`: its override, else the default.
+    pub fn block_size_for(&self, model: &str) -> u32 {
+        self.model_block_sizes.get(model).copied().unwrap_or(self.block_size)
+    }
+}
+
+fn header_name(field: &'static str, value: &str) -> Result<String, ConfigError> {
+    let ok = !value.is_empty()
+        && !value.starts_with(':')
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.!#$%&'*+^`|~".contains(&b));
+    if ok {
+        Ok(value.to_ascii_lowercase())
+    } else {
+        Err(ConfigError::BadHeader { field, value: value.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(br#"{"state_cluster":"kvroute_state"}"#).unwrap();
+        assert_eq!(c.pick_timeout, Duration::from_millis(50));
+        assert_eq!(c.routing_mode, RoutingMode::Endpoint);
+        assert_eq!(c.route_header, DEFAULT_ENDPOINT_HEADER);
+        assert_eq!(c.max_body_bytes, 4 << 20);
+        assert_eq!(c.api_for_path("/v1/chat/completions?x=1"), Some(Api::ChatCompletions));
+        assert_eq!(c.api_for_path("/v1/models"), None);
+        assert_eq!(c.block_size_for("any"), 16);
+    }
+
+    #[test]
+    fn cluster_mode_and_overrides() {
+        let c = Config::parse(
+            br#"{"state_cluster":"s","routing_mode":"cluster","model_block_sizes":{"big":32},
+                 "llm_paths":{"/generate/":"completions"},"strip_headers":["X-Foo"]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.route_header, DEFAULT_CLUSTER_HEADER);
+        assert_eq!(c.block_size_for("big"), 32);
+        assert_eq!(c.api_for_path("/generate"), Some(Api::Completions));
+        assert_eq!(c.api_for_path("/v1/completions"), None);
+        assert_eq!(c.strip_headers, vec!["x-foo".to_string()]);
+    }
+
+    #[test]
+    fn bad_configs_say_why() {
+        assert_eq!(Config::parse(b""), Err(ConfigError::NoCluster));
+        assert!(matches!(Config::parse(b"{"), Err(ConfigError::Json(_))));
+        assert!(matches!(Config::parse(br#"{"state_cluster":"s","typo":1}"#), Err(ConfigError::Json(_))));
+        assert_eq!(Config::parse(br#"{"state_cluster":"s","block_size":0}"#), Err(ConfigError::Zero("block_size")));
+        assert!(matches!(
+            Config::parse(br#"{"state_cluster":"s","llm_paths":{"/x":"embeddings"}}"#),
+            Err(ConfigError::UnknownApi { .. })
+        ));
+        assert!(matches!(
+            Config::parse(br#"{"state_cluster":"s","route_header":":authority"}"#),
+            Err(ConfigError::BadHeader { .. })
+        ));
+    }
+}

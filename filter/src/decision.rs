@@ -1,0 +1,288 @@
+//! The request-path decisions, as pure functions: which client headers to strip, what to ask
+//! the state service, and what its answer means for this request (a route, or a fallback with a
+//! reason). The proxy-wasm glue in `http.rs` only moves bytes between Envoy and these.
+
+use crate::config::{Config, RoutingMode, OWN_HEADER_PREFIX};
+use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
+use kvroute_core::request::{Prompt, PromptRequest};
+use kvroute_core::wire::{PickRequest, PickResponse};
+
+/// Why a request went to the route's default upstream instead of a picked worker. Every
+/// variant has a counter (`kvroute_fallback_<label>`) and is named in `x-kvroute-fallback`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The LLM request had no body.
+    NoBody,
+    /// The body was larger than `max_body_bytes`; it was not inspected.
+    BodyTooLarge,
+    /// The body was not a request kvroute understands (bad JSON, missing model, ...).
+    Unparsable,
+    /// `dispatch_http_call` to the state service failed (unknown cluster, no host).
+    DispatchFailed,
+    /// The state service could not be reached (Envoy answered 502/503: no host, connection
+    /// refused, reset).
+    PickUnavailable,
+    /// The pick took longer than `pick_timeout_ms` (Envoy answered 504).
+    PickTimeout,
+    /// The state service answered with a non-2xx status.
+    PickStatus,
+    /// The state service answered 2xx with a body that is not a PickResponse.
+    PickDecode,
+    /// The state service does not serve this model.
+    UnknownModel,
+    /// The state service had no healthy worker for the request.
+    NoHealthyWorker,
+    /// The state service degraded the decision to "use the default route" for another reason.
+    Degraded,
+    /// A worker was picked but it has no address for this routing mode.
+    NoTarget,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 12] = [
+        FallbackReason::NoBody,
+        FallbackReason::BodyTooLarge,
+        FallbackReason::Unparsable,
+        FallbackReason::DispatchFailed,
+        FallbackReason::PickUnavailable,
+        FallbackReason::PickTimeout,
+        FallbackReason::PickStatus,
+        FallbackReason::PickDecode,
+        FallbackReason::UnknownModel,
+        FallbackReason::NoHealthyWorker,
+        FallbackReason::Degraded,
+        FallbackReason::NoTarget,
+    ];
+
+    /// Stable label used in the header and the metric name.
+    pub fn label(self) -> &'static str {
+        match self {
+            FallbackReason::NoBody => "no_body",
+            FallbackReason::BodyTooLarge => "body_too_large",
+            FallbackReason::Unparsable => "unparsable_body",
+            FallbackReason::DispatchFailed => "state_unavailable",
+            FallbackReason::PickUnavailable => "pick_unavailable",
+            FallbackReason::PickTimeout => "pick_timeout",
+            FallbackReason::PickStatus => "pick_status",
+            FallbackReason::PickDecode => "pick_decode",
+            FallbackReason::UnknownModel => "unknown_model",
+            FallbackReason::NoHealthyWorker => "no_healthy_worker",
+            FallbackReason::Degraded => "degraded",
+            FallbackReason::NoTarget => "no_target",
+        }
+    }
+
+    /// Index into [`FallbackReason::ALL`] (for metric handle arrays).
+    pub fn index(self) -> usize {
+        FallbackReason::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// Request headers to remove before anything else sees the request: kvroute's own, the
+/// routing header, configured extras, and the tenant header unless the deployment trusts it.
+pub fn headers_to_strip<'a>(config: &Config, names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    names
+        .into_iter()
+        .map(str::to_ascii_lowercase)
+        .filter(|n| {
+            n.starts_with(OWN_HEADER_PREFIX)
+                || *n == config.route_header
+                || config.strip_headers.iter().any(|s| s == n)
+                || (!config.trust_tenant_header && config.tenant_header.as_deref() == Some(n.as_str()))
+        })
+        .collect()
+}
+
+/// Per-request facts that are not in the body.
+#[derive(Clone, Debug, Default)]
+pub struct RequestMeta {
+    pub request_id: String,
+    pub tenant: String,
+}
+
+/// The pick request for a parsed LLM request.
+pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> PickRequest {
+    let block_size = config.block_size_for(&req.model);
+    let root = KeyRoot::new(&req.model, "", &req.cache_salt);
+    let mut pick = PickRequest {
+        request_id: meta.request_id.clone(),
+        model: req.model.clone(),
+        cache_salt: req.cache_salt.clone(),
+        endpoint: req.api.wire() as i32,
+        block_size,
+        max_tokens: req.max_tokens.unwrap_or(0),
+        stream: req.stream,
+        tenant: meta.tenant.clone(),
+        ..PickRequest::default()
+    };
+    match &req.prompt {
+        Prompt::Tokens(tokens) => {
+            pick.token_keys = token_block_keys(&root, tokens, block_size as usize).into_iter().map(|k| k.0).collect();
+            pick.prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+        }
+        Prompt::Text(text) => pick.prompt_text = text.clone(),
+        Prompt::Chat { template_input, .. } => pick.chat_json = template_input.clone(),
+    }
+    let canonical = req.canonical_text();
+    if !canonical.is_empty() {
+        pick.text_chunk_keys =
+            text_chunk_keys(&root, canonical, config.text_chunk_bytes).into_iter().map(|k| k.0).collect();
+        pick.prompt_bytes = u32::try_from(canonical.len()).unwrap_or(u32::MAX);
+    }
+    pick
+}
+
+/// A routing decision to apply: set `header` to `value` on the request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub header: String,
+    pub value: String,
+    pub assignment_id: u64,
+    /// The `x-kvroute-decision` value describing the decision.
+    pub decision: String,
+}
+
+/// Interprets a decoded PickResponse under the configured routing mode.
+pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, FallbackReason> {
+    if resp.worker_id.is_empty() {
+        return Err(match resp.degraded_reason.as_str() {
+            "unknown_model" => FallbackReason::UnknownModel,
+            "no_healthy_worker" | "no_worker" | "no_workers" => FallbackReason::NoHealthyWorker,
+            _ => FallbackReason::Degraded,
+        });
+    }
+    let target = match config.routing_mode {
+        RoutingMode::Endpoint => &resp.endpoint,
+        RoutingMode::Cluster => &resp.cluster,
+    };
+    if target.is_empty() || !is_header_value(target) {
+        return Err(FallbackReason::NoTarget);
+    }
+    Ok(Route {
+        header: config.route_header.clone(),
+        value: target.clone(),
+        assignment_id: resp.assignment_id,
+        decision: decision_value(resp),
+    })
+}
+
+/// `worker=..;matched=..;total=..;ttft_ms=..;policy=..;degraded=..`
+pub fn decision_value(resp: &PickResponse) -> String {
+    format!(
+        "worker={};matched={};total={};ttft_ms={:.1};policy={};degraded={}",
+        sanitize(&resp.worker_id),
+        resp.matched_blocks,
+        resp.total_blocks,
+        resp.predicted_ttft_ms,
+        sanitize(&resp.policy),
+        if resp.degraded_reason.is_empty() { "none".to_string() } else { sanitize(&resp.degraded_reason) },
+    )
+}
+
+/// The fallback for a pick that did not answer 2xx. Envoy's async client turns connection
+/// failures into a local 503 and its timeout into a 504, so those mean "unavailable" / "slow"
+/// whoever produced them; anything else is the state service's own error status.
+pub fn classify_pick_status(status: Option<&str>) -> FallbackReason {
+    match status.and_then(|s| s.parse::<u16>().ok()) {
+        None | Some(502) | Some(503) => FallbackReason::PickUnavailable,
+        Some(504) => FallbackReason::PickTimeout,
+        Some(_) => FallbackReason::PickStatus,
+    }
+}
+
+/// Whether the pick's HTTP status is a success.
+pub fn is_success(status: Option<&str>) -> bool {
+    status.and_then(|s| s.parse::<u16>().ok()).is_some_and(|s| (200..300).contains(&s))
+}
+
+fn is_header_value(v: &str) -> bool {
+    v.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+/// Keeps a value safe inside a `;`/`=`-separated header.
+fn sanitize(v: &str) -> String {
+    v.chars().map(|c| if c.is_ascii_graphic() && c != ';' && c != '=' { c } else { '_' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_core::request::{parse, Api};
+
+    fn config(extra: &str) -> Config {
+        Config::parse(format!(r#"{{"state_cluster":"s"{extra}}}"#).as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn strips_own_routing_and_untrusted_tenant_headers() {
+        let c = config(r#","tenant_header":"x-tenant","strip_headers":["x-evil"]"#);
+        let names = ["X-KVRoute-Fallback", "x-gateway-destination-endpoint", "x-tenant", "x-evil", "content-type"];
+        assert_eq!(
+            headers_to_strip(&c, names),
+            vec!["x-kvroute-fallback", "x-gateway-destination-endpoint", "x-tenant", "x-evil"]
+        );
+        let trusted = config(r#","tenant_header":"x-tenant","trust_tenant_header":true"#);
+        assert_eq!(headers_to_strip(&trusted, ["x-tenant"]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn token_prompts_get_exact_keys_text_prompts_get_chunks() {
+        let c = config(r#","model_block_sizes":{"m":4}"#);
+        let req = parse(Api::Completions, br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9],"max_tokens":3}"#).unwrap();
+        let pick = build_pick(&c, &req, &RequestMeta::default());
+        let want = token_block_keys(&KeyRoot::new("m", "", ""), &[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
+        assert_eq!(pick.token_keys, want.iter().map(|k| k.0).collect::<Vec<_>>());
+        assert_eq!((pick.block_size, pick.prompt_tokens, pick.max_tokens), (4, 9, 3));
+        assert!(pick.prompt_text.is_empty() && pick.text_chunk_keys.is_empty());
+
+        let text = "x".repeat(600);
+        let body = serde_json::json!({"model":"m","messages":[{"role":"user","content":text}]}).to_string();
+        let req = parse(Api::ChatCompletions, body.as_bytes()).unwrap();
+        let pick = build_pick(&c, &req, &RequestMeta { request_id: "r1".into(), tenant: String::new() });
+        assert!(pick.token_keys.is_empty());
+        assert!(pick.chat_json.contains("messages"));
+        assert_eq!(pick.text_chunk_keys.len(), req.canonical_text().len() / 256);
+        assert_eq!(pick.request_id, "r1");
+    }
+
+    #[test]
+    fn pick_responses_map_to_routes_or_reasons() {
+        let resp = PickResponse {
+            assignment_id: 7,
+            worker_id: "w1".into(),
+            endpoint: "127.0.0.1:8101".into(),
+            cluster: "worker_w1".into(),
+            matched_blocks: 3,
+            total_blocks: 4,
+            predicted_ttft_ms: 12.345,
+            policy: "ttft".into(),
+            ..PickResponse::default()
+        };
+        let r = route_from_pick(&config(""), &resp).unwrap();
+        assert_eq!((r.header.as_str(), r.value.as_str(), r.assignment_id), ("x-gateway-destination-endpoint", "127.0.0.1:8101", 7));
+        assert_eq!(r.decision, "worker=w1;matched=3;total=4;ttft_ms=12.3;policy=ttft;degraded=none");
+        let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &resp).unwrap();
+        assert_eq!((r.header.as_str(), r.value.as_str()), ("x-kvroute-cluster", "worker_w1"));
+
+        let empty = PickResponse { degraded_reason: "unknown_model".into(), ..PickResponse::default() };
+        assert_eq!(route_from_pick(&config(""), &empty), Err(FallbackReason::UnknownModel));
+        let other = PickResponse { degraded_reason: "state_unavailable".into(), ..PickResponse::default() };
+        assert_eq!(route_from_pick(&config(""), &other), Err(FallbackReason::Degraded));
+        let no_addr = PickResponse { worker_id: "w".into(), ..PickResponse::default() };
+        assert_eq!(route_from_pick(&config(""), &no_addr), Err(FallbackReason::NoTarget));
+    }
+
+    #[test]
+    fn status_and_labels() {
+        assert!(is_success(Some("200")) && is_success(Some("204")));
+        assert!(!is_success(Some("503")) && !is_success(None) && !is_success(Some("x")));
+        assert_eq!(classify_pick_status(None), FallbackReason::PickUnavailable);
+        assert_eq!(classify_pick_status(Some("503")), FallbackReason::PickUnavailable);
+        assert_eq!(classify_pick_status(Some("504")), FallbackReason::PickTimeout);
+        assert_eq!(classify_pick_status(Some("400")), FallbackReason::PickStatus);
+        for (i, r) in FallbackReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+            assert!(r.label().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+        }
+    }
+}

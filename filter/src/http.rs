@@ -1,0 +1,239 @@
+//! The per-request HTTP context: strip client routing headers, hold LLM requests until their
+//! body is in, ask the state service for a worker, apply the answer (or fall back), and report
+//! the response's first token / completion / cancellation. Decisions are made by the pure
+//! functions in `decision.rs` and `report.rs`; this file only talks to the host.
+//!
+//! Invariant: every path out of a paused state resumes the request exactly once, and any
+//! failure resumes it toward the route's default upstream with a counted reason.
+
+use crate::decision::{build_pick, classify_pick_status, headers_to_strip, is_success, route_from_pick, FallbackReason, RequestMeta};
+use crate::host;
+use crate::report::ResponseTracker;
+use crate::root::Shared;
+use kvroute_core::request::{parse, Api};
+use kvroute_core::wire::{PickResponse, Report};
+use prost::Message;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
+use std::rc::Rc;
+
+pub const DECISION_HEADER: &str = "x-kvroute-decision";
+pub const FALLBACK_HEADER: &str = "x-kvroute-fallback";
+
+/// Used only when the plugin has no valid configuration (Envoy normally refuses to start it).
+pub struct PassThrough;
+impl Context for PassThrough {}
+impl HttpContext for PassThrough {}
+
+#[derive(Debug, PartialEq)]
+enum Phase {
+    /// Not an LLM request, or already decided.
+    Idle,
+    /// Headers held, body accumulating.
+    Buffering,
+    /// Pick call in flight.
+    Picking { token: u32, sent_ms: f64 },
+}
+
+pub struct HttpFilter {
+    shared: Rc<Shared>,
+    phase: Phase,
+    meta: RequestMeta,
+    fallback: Option<FallbackReason>,
+    decision: Option<String>,
+    tracker: Option<ResponseTracker>,
+}
+
+impl HttpFilter {
+    pub fn new(shared: Rc<Shared>) -> HttpFilter {
+        HttpFilter { shared, phase: Phase::Idle, meta: RequestMeta::default(), fallback: None, decision: None, tracker: None }
+    }
+
+    fn fall_back(&mut self, reason: FallbackReason, detail: &str) {
+        self.phase = Phase::Idle;
+        self.fallback = Some(reason);
+        self.shared.metrics.fallback(reason);
+        host::log(
+            LogLevel::Info,
+            &format!("kvroute: request {} -> default route ({}){detail}", self.meta.request_id, reason.label()),
+        );
+        if self.shared.config.fallback_header {
+            host::set_header(MapType::HttpRequestHeaders, FALLBACK_HEADER, Some(reason.label()));
+        }
+    }
+
+    /// Body complete: parse it and dispatch the pick. Returns the action for the body callback.
+    fn start_pick(&mut self, api: Api, body_size: usize) -> Action {
+        let c = &self.shared.config;
+        let body = host::buffer(BufferType::HttpRequestBody, 0, body_size).unwrap_or_default();
+        let req = match parse(api, &body) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fall_back(FallbackReason::Unparsable, &format!(": {e}"));
+                return Action::Continue;
+            }
+        };
+        let pick = build_pick(c, &req, &self.meta).encode_to_vec();
+        let extra: Vec<(&str, &str)> =
+            if self.meta.request_id.is_empty() { Vec::new() } else { vec![("x-request-id", self.meta.request_id.as_str())] };
+        match host::post(&c.state_cluster, &c.state_authority, &c.pick_path, &pick, c.pick_timeout, &extra) {
+            Ok(token) => {
+                self.phase = Phase::Picking { token, sent_ms: host::now_ms() };
+                Action::Pause
+            }
+            Err(status) => {
+                self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"));
+                Action::Continue
+            }
+        }
+    }
+
+    /// Applies a pick response; returns the fallback reason when it cannot be used.
+    fn apply_pick(&mut self, body_size: usize) -> Result<(), (FallbackReason, String)> {
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status");
+        if !is_success(status.as_deref()) {
+            let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(256)).unwrap_or_default();
+            let reason = if body.windows(13).any(|w| w == b"unknown_model") {
+                FallbackReason::UnknownModel
+            } else {
+                classify_pick_status(status.as_deref())
+            };
+            return Err((reason, format!(": status {}", status.as_deref().unwrap_or("none"))));
+        }
+        let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
+        let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
+        let route = route_from_pick(&self.shared.config, &resp).map_err(|r| (r, format!(": {}", resp.degraded_reason)))?;
+        host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
+        host::clear_route_cache();
+        host::increment(self.shared.metrics.routed);
+        if route.assignment_id != 0 {
+            self.tracker =
+                Some(ResponseTracker::new(route.assignment_id, host::now_ms(), self.shared.config.response_tail_bytes));
+        }
+        self.decision = Some(route.decision);
+        Ok(())
+    }
+
+    fn queue(&self, reports: impl IntoIterator<Item = Report>) {
+        let Ok(mut q) = self.shared.reports.try_borrow_mut() else { return };
+        for r in reports {
+            if !q.push(r) {
+                host::increment(self.shared.metrics.reports_dropped);
+            }
+        }
+    }
+}
+
+impl Context for HttpFilter {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let Phase::Picking { token: expected, sent_ms } = self.phase else { return };
+        if token != expected {
+            return;
+        }
+        self.phase = Phase::Idle;
+        let elapsed = (host::now_ms() - sent_ms).max(0.0);
+        host::record(self.shared.metrics.pick_latency_ms, elapsed.round() as u64);
+        if let Err((reason, detail)) = self.apply_pick(body_size) {
+            self.fall_back(reason, &detail);
+        }
+        host::resume_request();
+    }
+}
+
+impl HttpContext for HttpFilter {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let c = &self.shared.config;
+        for name in headers_to_strip(c, host::header_names(MapType::HttpRequestHeaders).iter().map(String::as_str)) {
+            host::remove_header(MapType::HttpRequestHeaders, &name);
+        }
+        let path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
+        if c.api_for_path(&path).is_none() {
+            return Action::Continue;
+        }
+        host::increment(self.shared.metrics.llm_requests);
+        self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
+        if c.trust_tenant_header {
+            if let Some(h) = &c.tenant_header {
+                self.meta.tenant = host::header(MapType::HttpRequestHeaders, h).unwrap_or_default();
+            }
+        }
+        if end_of_stream {
+            self.fall_back(FallbackReason::NoBody, "");
+            return Action::Continue;
+        }
+        self.phase = Phase::Buffering;
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.phase != Phase::Buffering {
+            return Action::Continue;
+        }
+        if body_size > self.shared.config.max_body_bytes {
+            self.fall_back(FallbackReason::BodyTooLarge, &format!(": {body_size} bytes"));
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        let path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
+        match self.shared.config.api_for_path(&path) {
+            Some(api) => self.start_pick(api, body_size),
+            None => {
+                self.phase = Phase::Idle;
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        // A body ending in trailers never had end_of_stream on a data frame: decide now.
+        if self.phase == Phase::Buffering {
+            self.fall_back(FallbackReason::Unparsable, ": request trailers");
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let c = &self.shared.config;
+        if c.decision_header {
+            if let Some(d) = &self.decision {
+                host::set_header(MapType::HttpResponseHeaders, DECISION_HEADER, Some(d));
+            }
+        }
+        if c.fallback_header {
+            if let Some(r) = self.fallback {
+                host::set_header(MapType::HttpResponseHeaders, FALLBACK_HEADER, Some(r.label()));
+            }
+        }
+        if let Some(t) = self.tracker.as_mut() {
+            let status = host::header(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok());
+            let reports = t.on_headers(status, end_of_stream, host::now_ms());
+            self.queue(reports);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let tail = self.shared.config.response_tail_bytes;
+        if let Some(t) = self.tracker.as_mut() {
+            let start = body_size.saturating_sub(tail);
+            let chunk = if body_size > 0 {
+                host::buffer(BufferType::HttpResponseBody, start, body_size - start).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let reports = t.on_body(body_size, &chunk, end_of_stream, host::now_ms());
+            self.queue(reports);
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if let Some(t) = self.tracker.as_mut() {
+            if let Some(r) = t.on_log(host::now_ms()) {
+                self.queue([r]);
+            }
+        }
+    }
+}

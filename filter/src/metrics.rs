@@ -1,0 +1,49 @@
+//! Filter metrics, defined once per VM in the root context and handed to every HTTP context.
+//! Envoy exposes them under the `wasmcustom.` stats prefix (e.g.
+//! `wasmcustom.kvroute_fallback_state_unavailable`). A failed definition leaves the handle
+//! `None`, which turns recording into a no-op rather than an error.
+
+use crate::decision::FallbackReason;
+use crate::host;
+use proxy_wasm::types::MetricType;
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests on an LLM path (routed or not).
+    pub llm_requests: Option<u32>,
+    /// Requests sent to a worker the state service picked.
+    pub routed: Option<u32>,
+    /// Requests that fell back to the default route, one counter per reason.
+    pub fallbacks: [Option<u32>; FallbackReason::ALL.len()],
+    /// Pick round-trip time in milliseconds, dispatch to response.
+    pub pick_latency_ms: Option<u32>,
+    /// Reports handed to the state service in a batch that it accepted.
+    pub reports_sent: Option<u32>,
+    /// Report batches that failed (dispatch error, no response or non-2xx).
+    pub report_failures: Option<u32>,
+    /// Reports dropped because the pending queue was full.
+    pub reports_dropped: Option<u32>,
+}
+
+impl Metrics {
+    pub fn define() -> Metrics {
+        let counter = |name: &str| host::define_metric(MetricType::Counter, name);
+        let mut fallbacks = [None; FallbackReason::ALL.len()];
+        for reason in FallbackReason::ALL {
+            fallbacks[reason.index()] = counter(&format!("kvroute_fallback_{}", reason.label()));
+        }
+        Metrics {
+            llm_requests: counter("kvroute_llm_requests"),
+            routed: counter("kvroute_routed"),
+            fallbacks,
+            pick_latency_ms: host::define_metric(MetricType::Histogram, "kvroute_pick_latency_ms"),
+            reports_sent: counter("kvroute_reports_sent"),
+            report_failures: counter("kvroute_report_failures"),
+            reports_dropped: counter("kvroute_reports_dropped"),
+        }
+    }
+
+    pub fn fallback(&self, reason: FallbackReason) {
+        host::increment(self.fallbacks.get(reason.index()).copied().flatten());
+    }
+}

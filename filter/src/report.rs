@@ -1,0 +1,199 @@
+//! First-token / complete / cancel reports: a per-request tracker that turns response events
+//! into reports, and a bounded queue that batches them for one `POST /v1/report` per flush.
+//!
+//! Reports never sit on a request's critical path: HTTP contexts only push into the queue
+//! (shared through an `Rc` with the root context of the same VM; a VM is single-threaded), and
+//! the root context's tick sends whatever is pending. When the state service is away the queue
+//! drops its oldest entries past `max_pending` (the service frees unreported assignments by TTL).
+
+use crate::usage::{parse_usage, Tail};
+use kvroute_core::wire::{Report, ReportBatch, ReportKind};
+use prost::Message;
+use std::collections::VecDeque;
+
+/// Pending reports of one VM.
+#[derive(Debug)]
+pub struct ReportQueue {
+    pending: VecDeque<Report>,
+    max_pending: usize,
+    max_batch: usize,
+    dropped: u64,
+}
+
+impl ReportQueue {
+    pub fn new(max_pending: usize, max_batch: usize) -> ReportQueue {
+        ReportQueue { pending: VecDeque::new(), max_pending: max_pending.max(1), max_batch: max_batch.max(1), dropped: 0 }
+    }
+
+    /// Queues a report; returns false when an older one had to be dropped to make room.
+    pub fn push(&mut self, report: Report) -> bool {
+        let mut kept_all = true;
+        while self.pending.len() >= self.max_pending {
+            self.pending.pop_front();
+            self.dropped += 1;
+            kept_all = false;
+        }
+        self.pending.push_back(report);
+        kept_all
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Removes up to `max_batch` reports and encodes them as one ReportBatch.
+    pub fn take_batch(&mut self) -> Option<(usize, Vec<u8>)> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let n = self.pending.len().min(self.max_batch);
+        let batch = ReportBatch { reports: self.pending.drain(..n).collect() };
+        Some((n, batch.encode_to_vec()))
+    }
+}
+
+/// The response side of one routed request: decides which reports it produces.
+#[derive(Debug)]
+pub struct ResponseTracker {
+    assignment_id: u64,
+    /// Host time (ms) when the request was resumed toward the worker.
+    started_ms: f64,
+    status: u32,
+    first_token: bool,
+    done: bool,
+    tail: Tail,
+}
+
+impl ResponseTracker {
+    pub fn new(assignment_id: u64, started_ms: f64, tail_bytes: usize) -> ResponseTracker {
+        ResponseTracker { assignment_id, started_ms, status: 0, first_token: false, done: false, tail: Tail::new(tail_bytes) }
+    }
+
+    fn report(&self, kind: ReportKind, now_ms: f64) -> Report {
+        Report {
+            assignment_id: self.assignment_id,
+            kind: kind as i32,
+            elapsed_ms: (now_ms - self.started_ms).max(0.0),
+            status: self.status,
+            ..Report::default()
+        }
+    }
+
+    /// Response headers arrived; a header-only response is complete at once.
+    pub fn on_headers(&mut self, status: Option<u32>, end_of_stream: bool, now_ms: f64) -> Vec<Report> {
+        self.status = status.unwrap_or(0);
+        if end_of_stream {
+            return self.finish(now_ms);
+        }
+        Vec::new()
+    }
+
+    /// A body chunk (`chunk` holds at most its last tail-size bytes; `len` is its full size).
+    pub fn on_body(&mut self, len: usize, chunk: &[u8], end_of_stream: bool, now_ms: f64) -> Vec<Report> {
+        let mut out = Vec::new();
+        if self.done {
+            return out;
+        }
+        self.tail.push(chunk);
+        if len > 0 && !self.first_token {
+            self.first_token = true;
+            out.push(self.report(ReportKind::ReportFirstToken, now_ms));
+        }
+        if end_of_stream {
+            out.extend(self.finish(now_ms));
+        }
+        out
+    }
+
+    fn finish(&mut self, now_ms: f64) -> Vec<Report> {
+        if self.done {
+            return Vec::new();
+        }
+        self.done = true;
+        let mut r = self.report(ReportKind::ReportComplete, now_ms);
+        if let Some(u) = parse_usage(&self.tail.to_vec()) {
+            r.prompt_tokens = u.prompt_tokens;
+            r.completion_tokens = u.completion_tokens;
+            r.cached_tokens = u.cached_tokens;
+        }
+        vec![r]
+    }
+
+    /// The stream is over (access-log time): anything not completed was cancelled.
+    pub fn on_log(&mut self, now_ms: f64) -> Option<Report> {
+        if self.done {
+            return None;
+        }
+        self.done = true;
+        Some(self.report(ReportKind::ReportCancel, now_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(rs: &[Report]) -> Vec<i32> {
+        rs.iter().map(|r| r.kind).collect()
+    }
+
+    #[test]
+    fn streaming_response_reports_first_token_then_complete_with_usage() {
+        let mut t = ResponseTracker::new(9, 100.0, 1024);
+        assert!(t.on_headers(Some(200), false, 101.0).is_empty());
+        let r = t.on_body(0, b"", false, 102.0);
+        assert!(r.is_empty(), "an empty chunk is not a token");
+        let r = t.on_body(10, b"data: {}\n\n", false, 130.0);
+        assert_eq!(kinds(&r), vec![ReportKind::ReportFirstToken as i32]);
+        assert_eq!((r[0].assignment_id, r[0].elapsed_ms, r[0].status), (9, 30.0, 200));
+        let last = b"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
+        let r = t.on_body(last.len(), last, true, 150.0);
+        assert_eq!(kinds(&r), vec![ReportKind::ReportComplete as i32]);
+        assert_eq!((r[0].prompt_tokens, r[0].completion_tokens, r[0].elapsed_ms), (5, 2, 50.0));
+        assert_eq!(t.on_log(160.0), None);
+    }
+
+    #[test]
+    fn single_chunk_body_reports_both_and_header_only_completes() {
+        let mut t = ResponseTracker::new(1, 0.0, 64);
+        t.on_headers(Some(200), false, 1.0);
+        assert_eq!(kinds(&t.on_body(3, b"abc", true, 5.0)), vec![1, 2]);
+        let mut h = ResponseTracker::new(2, 0.0, 64);
+        assert_eq!(kinds(&h.on_headers(Some(500), true, 1.0)), vec![ReportKind::ReportComplete as i32]);
+    }
+
+    #[test]
+    fn abort_before_completion_is_a_cancel() {
+        let mut t = ResponseTracker::new(3, 0.0, 64);
+        t.on_headers(Some(200), false, 1.0);
+        t.on_body(4, b"data", false, 2.0);
+        let c = t.on_log(9.0).unwrap();
+        assert_eq!((c.kind, c.elapsed_ms), (ReportKind::ReportCancel as i32, 9.0));
+        assert_eq!(t.on_log(10.0), None);
+        let mut never = ResponseTracker::new(4, 0.0, 64);
+        assert_eq!(never.on_log(1.0).map(|r| r.status), Some(0));
+    }
+
+    #[test]
+    fn queue_batches_and_bounds() {
+        let mut q = ReportQueue::new(3, 2);
+        for id in 1..=4 {
+            q.push(Report { assignment_id: id, ..Report::default() });
+        }
+        assert_eq!((q.len(), q.dropped()), (3, 1));
+        let (n, bytes) = q.take_batch().unwrap();
+        let batch = ReportBatch::decode(bytes.as_slice()).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(batch.reports.iter().map(|r| r.assignment_id).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(q.take_batch().map(|(n, _)| n), Some(1));
+        assert!(q.take_batch().is_none() && q.is_empty());
+    }
+}

@@ -1,0 +1,102 @@
+//! The root context: parses the configuration once (`on_configure` returns false on a bad one,
+//! which makes Envoy reject the filter config with our log line), defines the metrics, owns the
+//! VM's report queue and flushes it on every tick with one `POST /v1/report`.
+
+use crate::config::Config;
+use crate::decision::is_success;
+use crate::host;
+use crate::http::{HttpFilter, PassThrough};
+use crate::metrics::Metrics;
+use crate::report::ReportQueue;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{BufferType, ContextType, LogLevel, MapType};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// What every HTTP context of this VM shares with the root context.
+pub struct Shared {
+    pub config: Config,
+    pub metrics: Metrics,
+    pub reports: RefCell<ReportQueue>,
+}
+
+#[derive(Default)]
+pub struct Root {
+    shared: Option<Rc<Shared>>,
+    /// Token and size of the report batch in flight (one at a time).
+    in_flight: Option<(u32, usize)>,
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, _body: usize, _trailers: usize) {
+        let Some((expected, count)) = self.in_flight else { return };
+        if token != expected {
+            return;
+        }
+        self.in_flight = None;
+        let Some(shared) = &self.shared else { return };
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status");
+        if is_success(status.as_deref()) {
+            if let Some(id) = shared.metrics.reports_sent {
+                let _ = hostcalls::increment_metric(id, i64::try_from(count).unwrap_or(i64::MAX));
+            }
+        } else {
+            host::increment(shared.metrics.report_failures);
+            host::log(LogLevel::Debug, &format!("kvroute: report batch of {count} failed, status {status:?}"));
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, size: usize) -> bool {
+        let bytes = host::buffer(BufferType::PluginConfiguration, 0, size).unwrap_or_default();
+        let config = match Config::parse(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                host::log(LogLevel::Error, &format!("kvroute: rejecting plugin configuration: {e}"));
+                return false;
+            }
+        };
+        if let Err(status) = hostcalls::set_tick_period(config.report_flush) {
+            host::log(LogLevel::Error, &format!("kvroute: cannot set tick period: {status:?}"));
+            return false;
+        }
+        let reports = RefCell::new(ReportQueue::new(config.report_max_pending, config.report_max_batch));
+        host::log(
+            LogLevel::Info,
+            &format!("kvroute: configured, mode {:?}, header {}, state cluster {}", config.routing_mode, config.route_header, config.state_cluster),
+        );
+        self.shared = Some(Rc::new(Shared { config, metrics: Metrics::define(), reports }));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if self.in_flight.is_some() {
+            return;
+        }
+        let Some(shared) = &self.shared else { return };
+        let Ok(mut queue) = shared.reports.try_borrow_mut() else { return };
+        let Some((count, body)) = queue.take_batch() else { return };
+        drop(queue);
+        let c = &shared.config;
+        match host::post(&c.state_cluster, &c.state_authority, &c.report_path, &body, c.report_timeout, &[]) {
+            Ok(token) => self.in_flight = Some((token, count)),
+            Err(status) => {
+                host::increment(shared.metrics.report_failures);
+                host::log(LogLevel::Debug, &format!("kvroute: report dispatch failed: {status:?}"));
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        match &self.shared {
+            Some(shared) => Some(Box::new(HttpFilter::new(shared.clone()))),
+            None => Some(Box::new(PassThrough)),
+        }
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
