@@ -1,0 +1,16 @@
+//! kvroute-e2e: a small harness for end-to-end tests that start real processes (Envoy with the
+//! kvroute Wasm filter, the `kvroute-state` service, `kvroute-sim` workers) on loopback ports.
+//!
+//! - [`proc`]: child processes that are killed when their guard drops, logs in temp files.
+//! - [`net`]: free-port picking and readiness polling with a deadline (polling a server until
+//!   it answers is the only waiting the tests do; effects are observed, never slept for).
+//! - [`paths`]: where the repository, the built binaries, the `.wasm` and Envoy are.
+//! - [`envoy`]: renders the templates in `envoy/` and starts Envoy.
+//! - [`fake`]: in-process fixtures (a fake state service and fake workers) for testing the
+//!   filter's protocol handling independently of the real services.
+
+pub mod envoy;
+pub mod fake;
+pub mod net;
+pub mod paths;
+pub mod proc;

@@ -1,0 +1,55 @@
+//! Loopback ports and readiness polling.
+
+use anyhow::{bail, Result};
+use std::future::Future;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// A port free right now on 127.0.0.1 (the OS picks it; the listener is closed at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+}
+
+/// `n` consecutive free ports (for launchers that take a base port), probing from a random base.
+pub fn free_port_range(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = free_port();
+        if base == 0 || base > 65000 - n {
+            continue;
+        }
+        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    0
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, failing after `deadline` with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() > end {
+            bail!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `GET url` answers with any status below 500.
+pub async fn wait_http_ok(url: &str, deadline: Duration) -> Result<()> {
+    let client = reqwest::Client::new();
+    wait_for(url, deadline, || async {
+        match client.get(url).timeout(Duration::from_millis(500)).send().await {
+            Ok(r) if r.status().as_u16() < 500 => Some(()),
+            _ => None,
+        }
+    })
+    .await
+}
