@@ -10,6 +10,7 @@ use crate::load::spawn_scraper;
 use crate::registry::{FeedSnapshot, FeedStats, WorkerEntry};
 use std::sync::atomic::{AtomicU64, Ordering};
 use crate::state::{AddWorkerError, AppState, WorkerTasks};
+use crate::store::{memory::MemoryStore, SharedStore};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,12 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Builds the state, starts every worker's tasks and the sweeper. Needs a tokio runtime.
 pub fn start(config: Config, index: Arc<dyn KvIndex>) -> Result<AppState, AddWorkerError> {
-    let state = AppState::new(config, index)?;
+    start_with_store(config, index, Arc::new(MemoryStore))
+}
+
+/// [`start`] with a shared store (the Redis store passes its mirrored index as `index`).
+pub fn start_with_store(config: Config, index: Arc<dyn KvIndex>, store: Arc<dyn SharedStore>) -> Result<AppState, AddWorkerError> {
+    let state = AppState::with_store(config, index, store)?;
     state.set_worker_tasks(Arc::new(Feeds));
     let sweeper = state.clone();
     tokio::spawn(async move {
@@ -49,6 +55,8 @@ fn start_ingestion(state: &AppState, worker: &Arc<WorkerEntry>) {
         return;
     };
     for engine in &worker.engines {
+        let stats = Arc::new(IngestStats::new());
+        let resume_from = state.store.engine_started(state, worker, engine.rank, &stats);
         let cfg = IngestConfig {
             engine: engine.slot,
             endpoint: connect_endpoint(&rank_endpoint(events, engine.rank)),
@@ -57,10 +65,10 @@ fn start_ingestion(state: &AppState, worker: &Arc<WorkerEntry>) {
             model: worker.config.model.clone(),
             block_size: worker.block_size,
             dp_rank: engine.rank,
+            resume_from,
             ..IngestConfig::default()
         };
         tracing::info!(worker = %worker.id, rank = engine.rank, endpoint = %cfg.endpoint, "starting KV-event ingestion");
-        let stats = Arc::new(IngestStats::new());
         let handle = spawn_ingest(cfg, state.index.clone(), stats.clone());
         *engine.feed.lock() = Some(stats);
         worker.add_guard(Box::new(handle));

@@ -12,6 +12,11 @@
 //! - backwards jump: the engine restarted, so its blocks are dropped (`clear_engine`) first;
 //! - same seq again: skipped.
 //!
+//! Warm start (`resume_from`, see `seq.rs`): after subscribing, replay from the mirror's seq
+//! on; live batches up to the last replayed one are duplicates. If the replay brings nothing
+//! the engine may have restarted, so the tracker resumes at the mirror's seq without a floor
+//! and a lower live seq resets the engine as usual.
+//!
 //! Nothing the engine sends can stop the thread: malformed frames, undecodable batches and
 //! bad events are counted in [`IngestStats`] and skipped. A batch whose data-parallel rank is
 //! not the configured one is counted and still applied to this engine: the endpoint, not the
@@ -50,6 +55,10 @@ pub struct IngestConfig {
     pub dp_rank: u32,
     /// Longest silence tolerated from the replay endpoint before the replay is abandoned.
     pub replay_timeout: Duration,
+    /// Warm start: the index already holds this engine's blocks up to this seq (a mirror).
+    /// Once subscribed, the thread replays from it, so batches missed since are applied
+    /// before any new one arrives.
+    pub resume_from: Option<u64>,
 }
 
 impl Default for IngestConfig {
@@ -63,6 +72,7 @@ impl Default for IngestConfig {
             block_size: 16,
             dp_rank: 0,
             replay_timeout: Duration::from_secs(2),
+            resume_from: None,
         }
     }
 }

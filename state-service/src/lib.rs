@@ -16,4 +16,5 @@ pub mod registry;
 pub mod report;
 pub mod score;
 pub mod state;
+pub mod store;
 pub mod types;

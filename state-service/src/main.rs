@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use kvroute_state::config::{Cli, Config};
 use kvroute_state::index::memory::MemoryIndex;
+use kvroute_state::store::{redis::RedisStore, StoreKind};
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
@@ -19,7 +20,14 @@ async fn main() -> anyhow::Result<()> {
     let config = Config::from_cli(&cli).context("configuration")?;
     let listen = config.listen;
     let (workers, policy) = (config.workers.len(), config.policy);
-    let state = kvroute_state::app::start(config, Arc::new(MemoryIndex::new())).context("registering workers")?;
+    let state = match config.store {
+        StoreKind::Memory => kvroute_state::app::start(config, Arc::new(MemoryIndex::new())),
+        StoreKind::Redis => {
+            let store = RedisStore::connect(&config).await.context("redis store")?;
+            kvroute_state::app::start_with_store(config, store.index.clone(), store)
+        }
+    }
+    .context("registering workers")?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, workers, %policy, "kvroute-state serving");
     axum::serve(listener, kvroute_state::api::app(state)).with_graceful_shutdown(shutdown()).await.context("serving")?;

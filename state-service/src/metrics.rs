@@ -82,6 +82,11 @@ impl Metrics {
         self.registry.register_collector(Box::new(collector));
     }
 
+    /// Adds another scrape-time collector (the store's). Called once, when the state is built.
+    pub fn register_collector(&mut self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry.register_collector(collector);
+    }
+
     /// OpenMetrics text of every family.
     pub fn encode(&self) -> String {
         let mut out = String::new();

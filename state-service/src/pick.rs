@@ -64,7 +64,8 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest) -> PickResponse {
     let chosen = &candidates[choose::choose(state, policy, &candidates, &prompt)];
     learn(state, policy, &prompt, &chosen.worker.id, now);
     let id = record(state, policy, &prompt, chosen, now);
-    let degraded = degraded_reason(policy, prompt.limitation);
+    let degraded = degraded_reason(policy, prompt.limitation)
+        .or_else(|| state.store.degraded().then_some(DegradedReason::StateUnavailable));
     if let Some(reason) = degraded {
         state.metrics.count_degraded(reason);
     }
@@ -183,7 +184,7 @@ fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candid
     let id = {
         let mut rng = state.rng.lock();
         AssignmentId(loop {
-            let id: u64 = rng.gen();
+            let id: u64 = rng.gen::<u64>() ^ state.store.id_salt();
             if id != 0 {
                 break id;
             }
@@ -200,6 +201,8 @@ fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candid
         created_at: now,
         first_token_at: None,
     };
+    let credited = if policy == Policy::Kvroute && prompt.exact { &prompt.keys[..] } else { &[] };
+    state.store.assigned(&assignment, credited);
     let mut table = state.assignments.lock();
     table.insert(assignment);
     state.metrics.assignments_in_flight.set(table.len() as i64);

@@ -6,6 +6,7 @@
 use crate::assign::{AssignmentId, ReportOutcome};
 use crate::metrics::{ReportKindLabel, ReportLabels, ReportOutcomeLabel};
 use crate::state::AppState;
+use crate::store::ReportEvent;
 use kvroute_core::wire::{Report, ReportKind};
 use tokio::time::Instant;
 
@@ -44,9 +45,11 @@ fn apply_kind(state: &AppState, kind: ReportKindLabel, id: AssignmentId, elapsed
                     m.ttft_error_ratio.observe(elapsed_ms / a.predicted_ttft_ms);
                 }
             }
+            state.store.reported(state, &a, ReportEvent::FirstToken { elapsed_ms });
             ReportOutcomeLabel::Applied
         }
-        ReportOutcome::Freed(_) => {
+        ReportOutcome::Freed(a) => {
+            state.store.reported(state, &a, ReportEvent::Freed);
             state.update_in_flight();
             ReportOutcomeLabel::Applied
         }

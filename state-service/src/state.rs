@@ -11,6 +11,7 @@ use crate::load::Scraper;
 use crate::metrics::{fleet::FleetCollector, ExpiryKind, Metrics};
 use crate::registry::{Registry, RegistryError, WorkerEntry};
 use crate::score::{ApproxMap, Calibration, Policy};
+use crate::store::{memory::MemoryStore, SharedStore};
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -38,6 +39,8 @@ pub struct Shared {
     pub round_robin: AtomicUsize,
     pub metrics: Metrics,
     pub scraper: Scraper,
+    /// Where shared state goes (memory: nowhere; redis: other replicas).
+    pub store: Arc<dyn SharedStore>,
     tasks: Mutex<Option<Arc<dyn WorkerTasks>>>,
 }
 
@@ -67,11 +70,19 @@ impl AppState {
     /// Builds the state and registers the configured workers (their tasks start later, with
     /// [`AppState::set_worker_tasks`]).
     pub fn new(config: Config, index: Arc<dyn KvIndex>) -> Result<AppState, AddWorkerError> {
+        AppState::with_store(config, index, Arc::new(MemoryStore))
+    }
+
+    /// [`AppState::new`] with a shared store, attached (its tasks started) once built.
+    pub fn with_store(config: Config, index: Arc<dyn KvIndex>, store: Arc<dyn SharedStore>) -> Result<AppState, AddWorkerError> {
         let t = &config.timeouts;
         let registry = Arc::new(RwLock::new(Registry::new()));
         let assignments = Arc::new(Mutex::new(Assignments::new(ms(t.assignment_ttl_ms), ms(t.first_token_ttl_ms))));
         let mut metrics = Metrics::new();
         metrics.register_fleet(FleetCollector { registry: registry.clone(), index: index.clone(), assignments: assignments.clone() });
+        if let Some(collector) = store.collector() {
+            metrics.register_collector(collector);
+        }
         let rng = match config.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_entropy(),
@@ -93,6 +104,7 @@ impl AppState {
             round_robin: AtomicUsize::new(0),
             metrics,
             scraper,
+            store,
             tasks: Mutex::new(None),
             config,
         };
@@ -100,6 +112,7 @@ impl AppState {
         for worker in state.config.workers.clone() {
             state.add_worker(worker)?;
         }
+        state.store.attach(&state);
         Ok(state)
     }
 

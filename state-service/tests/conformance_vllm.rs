@@ -184,6 +184,7 @@ fn subscribe(p: &mut Publisher, engine: u32, rank: u32, index: &Arc<MemoryIndex>
         block_size: BS,
         dp_rank: rank,
         replay_timeout: Duration::from_secs(5),
+        resume_from: None,
     };
     let h = spawn_ingest(cfg, Arc::clone(index) as Arc<dyn KvIndex>, Arc::clone(&stats));
     p.send("wait_sub 1 20");

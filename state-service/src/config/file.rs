@@ -1,6 +1,7 @@
 //! The config file's shape, with every default in one place.
 
 use crate::score::Policy;
+use crate::store::{RedisConfig, StoreKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,6 +29,9 @@ pub struct Config {
     pub priors: Priors,
     pub models: BTreeMap<String, ModelConfig>,
     pub workers: Vec<WorkerConfig>,
+    /// `memory` (default) or `redis` (several replicas act as one; see `[redis]`).
+    pub store: StoreKind,
+    pub redis: RedisConfig,
 }
 
 impl Default for Config {
@@ -44,6 +48,8 @@ impl Default for Config {
             priors: Priors::default(),
             models: BTreeMap::new(),
             workers: Vec::new(),
+            store: StoreKind::Memory,
+            redis: RedisConfig::default(),
         }
     }
 }

@@ -26,6 +26,7 @@
 
 mod hasher;
 mod holders;
+pub mod snapshot;
 
 use super::{ApplyStats, KvIndex, PrefixMatch};
 use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};

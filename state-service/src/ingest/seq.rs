@@ -20,11 +20,27 @@ pub(crate) enum SeqAction {
 #[derive(Default)]
 pub(crate) struct SeqTracker {
     last: Option<u64>,
+    /// Warm start: live batches up to here were already applied from a replay (they were
+    /// queued on the subscription meanwhile), so they are duplicates, not a restart.
+    replayed_through: Option<u64>,
 }
 
 impl SeqTracker {
+    /// Starts from a known position: `last` was applied; with `replayed`, live seqs up to
+    /// `last` are duplicates until a higher one arrives.
+    pub(crate) fn resume(&mut self, last: u64, replayed: bool) {
+        self.last = Some(last);
+        self.replayed_through = replayed.then_some(last);
+    }
+
     /// Classifies `seq` and records it as the last one.
     pub(crate) fn observe(&mut self, seq: u64) -> SeqAction {
+        if let Some(through) = self.replayed_through {
+            if seq <= through {
+                return SeqAction::Duplicate;
+            }
+            self.replayed_through = None;
+        }
         let action = match self.last {
             None => SeqAction::Apply,
             Some(last) if seq == last => SeqAction::Duplicate,
@@ -52,5 +68,21 @@ mod tests {
         assert_eq!(t.observe(0), SeqAction::Reset);
         assert_eq!(t.observe(1), SeqAction::Apply);
         assert_eq!(t.observe(u64::MAX - 1), SeqAction::Gap { from: 2 });
+    }
+
+    #[test]
+    fn resumes_from_a_mirror() {
+        let mut t = SeqTracker::default();
+        t.resume(10, true);
+        assert_eq!(t.observe(8), SeqAction::Duplicate, "queued while replaying");
+        assert_eq!(t.observe(10), SeqAction::Duplicate);
+        assert_eq!(t.observe(11), SeqAction::Apply);
+        assert_eq!(t.observe(3), SeqAction::Reset, "the floor is gone once passed");
+        let mut t = SeqTracker::default();
+        t.resume(10, false);
+        assert_eq!(t.observe(11), SeqAction::Apply);
+        let mut t = SeqTracker::default();
+        t.resume(10, false);
+        assert_eq!(t.observe(2), SeqAction::Reset, "nothing replayed and a lower seq: restarted");
     }
 }

@@ -43,6 +43,7 @@ impl FakeEngine {
             block_size: 4,
             dp_rank: 0,
             replay_timeout: timeout,
+            resume_from: None,
         };
         let h = spawn_ingest(cfg, Arc::clone(index) as Arc<dyn KvIndex>, Arc::clone(&stats));
         // XPUB hands us the subscription message once the subscriber is really there.

@@ -50,7 +50,12 @@ impl Worker {
         let _span = tracing::info_span!("ingest", engine, endpoint = %self.cfg.endpoint).entered();
         while !self.stopping() {
             match self.subscribe() {
-                Ok(sub) => self.receive_loop(&sub),
+                Ok(sub) => {
+                    if let Some(from) = self.cfg.resume_from.take() {
+                        self.resume(from);
+                    }
+                    self.receive_loop(&sub)
+                }
                 Err(e) => {
                     self.stats.socket_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "cannot subscribe; retrying");
@@ -149,6 +154,33 @@ impl Worker {
                 tracing::warn!(from, live, error = %e, "replay failed: batches lost");
             }
         }
+    }
+
+    /// Warm start: replays everything the engine buffered from `from` (the mirror's seq) on.
+    fn resume(&mut self, from: u64) {
+        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
+            self.seq.resume(from, false);
+            return;
+        };
+        let (ctx, stop) = (self.ctx.clone(), Arc::clone(&self.stop));
+        let req = ReplayRequest { endpoint: &connect_endpoint(&endpoint), from, until: u64::MAX, idle_timeout: self.cfg.replay_timeout, stop: &stop };
+        let mut last = None;
+        let result = replay(&ctx, req, |seq, payload| {
+            last = Some(seq);
+            self.stats.replayed_batches.fetch_add(1, Ordering::Relaxed);
+            self.apply_payload(payload);
+        });
+        if let Err(e) = result {
+            tracing::warn!(from, error = %e, "warm-start replay failed; resuming from the mirror");
+        }
+        match last {
+            Some(seq) => {
+                self.seq.resume(seq, true);
+                self.stats.set_last_seq(seq);
+            }
+            None => self.seq.resume(from, false),
+        }
+        tracing::info!(from, replayed_through = ?last, "resumed from the mirror");
     }
 
     fn apply_payload(&mut self, payload: &[u8]) {

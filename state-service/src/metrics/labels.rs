@@ -36,6 +36,8 @@ label_enum!(
         NoHealthyWorker => "no_healthy_worker",
         /// The keys were cut with another block size than the model's: routed on load only.
         BlockSizeMismatch => "block_size_mismatch",
+        /// A shared store (Redis shard) is unreachable: decided on this replica's local view.
+        StateUnavailable => "state_unavailable",
     }
 );
 

@@ -14,7 +14,8 @@ const DECAY: f64 = 0.98;
 /// How many reports the priors are worth.
 const PRIOR_WEIGHT: f64 = 1.0;
 
-#[derive(Clone, Debug, PartialEq)]
+/// Serializable so the Redis store can keep the latest fit for warm starts.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     prior_overhead: f64,
     prior_per_token: f64,

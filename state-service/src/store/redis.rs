@@ -1,0 +1,280 @@
+//! The Redis store: several state services act as one.
+//!
+//! What goes through Redis (see the README's "Replicas and Redis" for the trade-offs):
+//! - assignments (and so per-worker pending load and speculative credit): each pick is
+//!   queued for a writer task that stores a record with a TTL and publishes it; every other
+//!   replica's subscriber applies it to its own table ([`replicate`]);
+//! - calibration: first-token reports are replicated like assignments and every replica
+//!   refits; the latest fit is also stored for a warm start;
+//! - a mirror of every engine's block set, written by the engine's lease holder ([`lease`],
+//!   [`mirror`]), loaded at start so a new replica answers correctly before any new event.
+//!
+//! Nothing on the pick path waits for Redis. Shards are probed; while one is down picks are
+//! marked degraded (`state_unavailable`), its writes are dropped and counted, and its mirrors
+//! are rewritten once it is back.
+
+pub mod lease;
+pub mod mirror;
+pub mod replicate;
+pub mod shards;
+mod stats;
+pub mod wire;
+
+pub use mirror::{Mirror, MirrorKey, MirroredIndex};
+pub use stats::StoreStats;
+
+use super::{RedisConfig, ReportEvent, SharedStore};
+use crate::assign::Assignment;
+use crate::config::Config;
+use crate::ingest::IngestStats;
+use crate::registry::WorkerEntry;
+use crate::score::Calibration;
+use crate::state::AppState;
+use crate::types::BlockKey;
+use parking_lot::Mutex;
+use rand::Rng;
+use replicate::Op;
+use shards::Shards;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use wire::{Event, Record};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store configuration: {0}")]
+    Config(String),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis call timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// What a warm start found in Redis, consumed as engines and workers start.
+#[derive(Default)]
+struct WarmStart {
+    mirrors: HashMap<(String, u32), Mirror>,
+    calibrations: HashMap<String, Calibration>,
+}
+
+pub struct RedisStore {
+    pub config: RedisConfig,
+    pub replica: String,
+    pub shards: Shards,
+    pub index: Arc<MirroredIndex>,
+    pub stats: Arc<StoreStats>,
+    channel: String,
+    assignment_ttl: Duration,
+    first_token_ttl: Duration,
+    queue: mpsc::Sender<Op>,
+    pending_rx: Mutex<Option<mpsc::Receiver<Op>>>,
+    warm: Mutex<WarmStart>,
+    me: OnceLock<std::sync::Weak<RedisStore>>,
+    salt: u64,
+}
+
+impl RedisStore {
+    /// Prepares the shards and loads what a warm start needs for the configured workers
+    /// (their engines' mirrors, calibration). Unreachable shards are skipped: those engines
+    /// start cold and the shard is marked down.
+    pub async fn connect(config: &Config) -> Result<Arc<RedisStore>, StoreError> {
+        let rc = config.redis.clone();
+        let shards = Shards::new(&rc.urls, Duration::from_millis(rc.timeout_ms.max(1)))?;
+        let replica = rc.replica_id.clone().unwrap_or_else(|| format!("replica-{:016x}", rand::thread_rng().gen::<u64>()));
+        let (tx, rx) = mpsc::channel(rc.queue.max(1));
+        let store = Arc::new(RedisStore {
+            channel: format!("{}:events", rc.key_prefix),
+            salt: xxhash_rust::xxh3::xxh3_64(replica.as_bytes()),
+            replica,
+            shards,
+            index: Arc::new(MirroredIndex::new()),
+            stats: Arc::new(StoreStats::default()),
+            assignment_ttl: Duration::from_millis(config.timeouts.assignment_ttl_ms),
+            first_token_ttl: Duration::from_millis(config.timeouts.first_token_ttl_ms),
+            queue: tx,
+            pending_rx: Mutex::new(Some(rx)),
+            warm: Mutex::new(WarmStart::default()),
+            me: OnceLock::new(),
+            config: rc,
+        });
+        let _ = store.me.set(Arc::downgrade(&store));
+        store.load_warm_start(config).await;
+        Ok(store)
+    }
+
+    async fn load_warm_start(&self, config: &Config) {
+        let mut warm = WarmStart::default();
+        for w in &config.workers {
+            for rank in 0..w.dp_ranks {
+                let key = MirrorKey::new(&self.config.key_prefix, &w.id, rank);
+                match mirror::load(&self.shards, self.shards.owner(&key.blocks), &key).await {
+                    Ok(m) if m.seq.is_some() || !m.blocks.is_empty() => {
+                        warm.mirrors.insert((w.id.clone(), rank), m);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(worker = %w.id, rank, error = %e, "no warm start for this engine"),
+                }
+            }
+            let key = self.calibration_key(&w.id);
+            match self.shards.cmd::<Option<String>>(self.shards.owner(&key), redis::cmd("GET").arg(&key)).await {
+                Ok(Some(json)) => match serde_json::from_str::<Calibration>(&json) {
+                    Ok(c) => {
+                        warm.calibrations.insert(w.id.clone(), c);
+                    }
+                    Err(e) => tracing::warn!(worker = %w.id, error = %e, "stored calibration unreadable"),
+                },
+                Ok(None) => {}
+                Err(e) => tracing::warn!(worker = %w.id, error = %e, "calibration not loaded"),
+            }
+        }
+        tracing::info!(mirrors = warm.mirrors.len(), calibrations = warm.calibrations.len(), "warm start loaded");
+        *self.warm.lock() = warm;
+    }
+
+    fn arc(&self) -> Option<Arc<RedisStore>> {
+        self.me.get().and_then(|w| w.upgrade())
+    }
+
+    fn calibration_key(&self, worker: &str) -> String {
+        format!("{}:calib:{worker}", self.config.key_prefix)
+    }
+
+    fn assignment_key(&self, id: u64) -> String {
+        format!("{}:asg:{id}", self.config.key_prefix)
+    }
+
+    fn send(&self, op: Op) {
+        if self.queue.try_send(op).is_err() {
+            self.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The key that decides an op's shard.
+    fn op_key(&self, op: &Op) -> String {
+        match op {
+            Op::Put { record, .. } => self.assignment_key(record.id),
+            Op::Delete { id, .. } => self.assignment_key(*id),
+            Op::Set { key, .. } => key.clone(),
+        }
+    }
+
+    fn add_op(&self, pipe: &mut redis::Pipeline, key: String, op: Op) {
+        let publish = |pipe: &mut redis::Pipeline, event: Event| {
+            let msg = wire::Message { from: self.replica.clone(), event };
+            if let Ok(json) = serde_json::to_string(&msg) {
+                pipe.publish(&self.channel, json).ignore();
+            }
+        };
+        match op {
+            Op::Put { record, ttl, event } => {
+                if let Ok(json) = serde_json::to_string(&record) {
+                    pipe.pset_ex(&key, json, ttl.as_millis().max(1) as u64).ignore();
+                }
+                if let Some(event) = event {
+                    publish(pipe, event);
+                }
+            }
+            Op::Delete { event, .. } => {
+                pipe.del(&key).ignore();
+                publish(pipe, event);
+            }
+            Op::Set { value, .. } => {
+                pipe.set(&key, value).ignore();
+            }
+        }
+    }
+
+    /// Probes every shard; a shard that comes back gets its mirrors rewritten (the lease
+    /// tasks see it up again and flush the full rewrite they requested while it was down).
+    async fn probe_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.config.probe_interval_ms.max(10));
+        loop {
+            for id in self.shards.ids() {
+                if self.shards.probe(id).await {
+                    self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(shard = %self.shards.node(id).url, "redis shard back");
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+impl SharedStore for RedisStore {
+    fn attach(&self, state: &AppState) {
+        let Some(me) = self.arc() else { return };
+        for (worker, c) in std::mem::take(&mut self.warm.lock().calibrations) {
+            if let Some(w) = state.registry.read().get(&worker) {
+                *w.calibration.lock() = c;
+            }
+        }
+        if let Some(rx) = self.pending_rx.lock().take() {
+            tokio::spawn(replicate::writer(me.clone(), rx));
+        }
+        for shard in self.shards.ids() {
+            tokio::spawn(replicate::subscriber(me.clone(), state.clone(), shard));
+        }
+        tokio::spawn(me.probe_loop());
+    }
+
+    fn assigned(&self, a: &Assignment, keys: &[BlockKey]) {
+        let record = Box::new(Record::new(a, keys, &self.replica));
+        let event = Some(Event::Assigned((*record).clone()));
+        self.send(Op::Put { record, ttl: self.first_token_ttl, event });
+    }
+
+    fn reported(&self, state: &AppState, a: &Assignment, event: ReportEvent) {
+        let id = a.id;
+        match event {
+            ReportEvent::FirstToken { elapsed_ms } => {
+                let record = Box::new(Record::new(a, &[], &self.replica));
+                let remaining = self.assignment_ttl.saturating_sub(a.created_at.elapsed());
+                self.send(Op::Put { record, ttl: remaining, event: Some(Event::FirstToken { id: id.0, elapsed_ms }) });
+                if let Some(w) = state.registry.read().get(a.worker.as_str()) {
+                    if let Ok(json) = serde_json::to_string(&*w.calibration.lock()) {
+                        self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json });
+                    }
+                }
+            }
+            ReportEvent::Freed => self.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } }),
+        }
+    }
+
+    fn engine_started(&self, state: &AppState, worker: &Arc<WorkerEntry>, rank: u32, stats: &Arc<IngestStats>) -> Option<u64> {
+        let me = self.arc()?;
+        let slot = worker.engines.iter().find(|e| e.rank == rank)?.slot;
+        let warm = self.warm.lock().mirrors.remove(&(worker.id.to_string(), rank));
+        let resume = warm.and_then(|m| {
+            let n = self.index.memory().restore(slot, &m.blocks);
+            tracing::info!(worker = %worker.id, rank, blocks = n, seq = ?m.seq, "engine restored from the mirror");
+            if let Some(seq) = m.seq {
+                stats.set_last_seq(seq);
+            }
+            m.seq
+        });
+        let _ = state;
+        let engine = lease::EngineMirror {
+            slot,
+            lease_key: format!("{}:lease:{}:{rank}", self.config.key_prefix, worker.id),
+            key: MirrorKey::new(&self.config.key_prefix, worker.id.as_str(), rank),
+            stats: stats.clone(),
+        };
+        let task = tokio::spawn(lease::run(me, engine));
+        worker.add_task(task.abort_handle());
+        resume
+    }
+
+    fn degraded(&self) -> bool {
+        !self.shards.all_up()
+    }
+
+    fn id_salt(&self) -> u64 {
+        self.salt
+    }
+
+    fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {
+        Some(Box::new(stats::StoreCollector { store: self.me.get().cloned().unwrap_or_default() }))
+    }
+}

@@ -1,0 +1,9 @@
+//! The Redis store with real `redis-server`s: the mirror against the reference model,
+//! replicas sharing assignments, warm restarts from the mirror, shard outages.
+
+#[path = "redis_store/support.rs"]
+mod support;
+#[path = "redis_store/differential.rs"]
+mod differential;
+#[path = "redis_store/replicas.rs"]
+mod replicas;
