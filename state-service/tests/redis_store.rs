@@ -7,3 +7,7 @@ mod support;
 mod differential;
 #[path = "redis_store/replicas.rs"]
 mod replicas;
+#[path = "redis_store/sims.rs"]
+mod sims;
+#[path = "redis_store/warm_start.rs"]
+mod warm_start;
