@@ -11,6 +11,8 @@
 
 pub mod envoy;
 pub mod fake;
+pub mod llm;
 pub mod net;
 pub mod paths;
 pub mod proc;
+pub mod stack;

@@ -1,0 +1,159 @@
+//! The real stack for the must-show tests: `kvroute-sim` (N workers on consecutive ports),
+//! `kvroute-state` configured for exactly those workers (events, replay, metrics, endpoint and
+//! cluster names), and Envoy with the filter in front. The state service can be killed and
+//! restarted on the same port to test fail-open and recovery.
+
+use crate::envoy::{worker_cluster, Envoy, EnvoyOptions, Mode};
+use crate::net::{free_port, free_port_range, wait_for, wait_http_ok};
+use crate::paths;
+use crate::proc::Proc;
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const MODEL: &str = "kvroute/sim-27b-fp8";
+
+pub struct Stack {
+    pub sim: Proc,
+    pub state: Option<Proc>,
+    pub envoy: Envoy,
+    pub http_base: u16,
+    pub workers: usize,
+    pub state_port: u16,
+    state_config: PathBuf,
+    pub client: reqwest::Client,
+}
+
+pub struct StackOptions {
+    pub mode: Mode,
+    pub workers: usize,
+    /// Extra plugin configuration merged over the harness defaults.
+    pub plugin: Value,
+    /// `--time-scale` of the simulator (smaller = faster engine steps).
+    pub time_scale: f64,
+}
+
+impl Stack {
+    pub async fn start(opts: StackOptions) -> Result<Stack> {
+        let n = opts.workers as u16;
+        let http_base = free_port_range(n);
+        let zmq_base = free_port_range(2 * n);
+        let sim_args: Vec<String> = [
+            "--workers", &n.to_string(), "--http-port", &http_base.to_string(), "--zmq-port", &zmq_base.to_string(),
+            "--time-scale", &opts.time_scale.to_string(), "--model", MODEL,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut sim = Proc::spawn("sim", &paths::workspace_bin("kvroute-sim")?, &sim_args)?;
+        for i in 0..n {
+            if let Err(e) = wait_http_ok(&format!("http://127.0.0.1:{}/health", http_base + i), Duration::from_secs(60)).await {
+                sim.check_alive()?;
+                return Err(e);
+            }
+        }
+        let state_port = free_port();
+        let mut toml = format!("listen = \"127.0.0.1:{state_port}\"\nseed = 7\n\n[models.\"{MODEL}\"]\nblock_size = 16\n");
+        for i in 0..n {
+            let (http, zmq) = (http_base + i, zmq_base + 2 * i);
+            toml.push_str(&format!(
+                "\n[[workers]]\nid = \"{i}\"\nmodel = \"{MODEL}\"\nendpoint = \"127.0.0.1:{http}\"\ncluster = \"{}\"\n\
+                 events_endpoint = \"tcp://127.0.0.1:{zmq}\"\nreplay_endpoint = \"tcp://127.0.0.1:{}\"\n\
+                 metrics_url = \"http://127.0.0.1:{http}/metrics\"\n",
+                worker_cluster(i as usize),
+                zmq + 1
+            ));
+        }
+        let state_config = std::env::temp_dir().join(format!("kvroute-e2e-state-{state_port}.toml"));
+        std::fs::write(&state_config, toml)?;
+        let envoy = Envoy::start(EnvoyOptions {
+            mode: opts.mode,
+            worker_ports: (0..n).map(|i| http_base + i).collect(),
+            state_port,
+            plugin: opts.plugin,
+        })
+        .await?;
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        let mut stack = Stack { sim, state: None, envoy, http_base, workers: opts.workers, state_port, state_config, client };
+        stack.start_state().await?;
+        Ok(stack)
+    }
+
+    /// Starts (or restarts) the state service and waits until every worker is healthy.
+    pub async fn start_state(&mut self) -> Result<()> {
+        let args = vec!["--config".to_string(), self.state_config.display().to_string()];
+        let mut proc = Proc::spawn("state", &paths::workspace_bin("kvroute-state")?, &args)?;
+        let url = self.state_url("/readyz");
+        let ready = wait_http_ok(&url, Duration::from_secs(60)).await;
+        if let Err(e) = ready {
+            proc.check_alive()?;
+            return Err(e);
+        }
+        self.state = Some(proc);
+        let n = self.workers;
+        wait_for("every worker healthy", Duration::from_secs(30), || async {
+            let w = self.workers_view().await.ok()?;
+            let healthy = w["workers"].as_array()?.iter().filter(|w| w["healthy"].as_bool() == Some(true)).count();
+            (healthy == n).then_some(())
+        })
+        .await
+    }
+
+    /// SIGKILLs the state service.
+    pub fn kill_state(&mut self) {
+        if let Some(mut p) = self.state.take() {
+            p.kill();
+        }
+    }
+
+    pub fn state_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.state_port, path)
+    }
+
+    pub fn worker_url(&self, i: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.http_base as usize + i, path)
+    }
+
+    /// `GET /v1/workers` of the state service.
+    pub async fn workers_view(&self) -> Result<Value> {
+        Ok(self.client.get(self.state_url("/v1/workers")).send().await?.error_for_status()?.json().await?)
+    }
+
+    /// The state service's view of one worker (by id = index).
+    pub async fn worker_view(&self, i: usize) -> Result<Value> {
+        let v = self.workers_view().await?;
+        v["workers"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["id"].as_str() == Some(&i.to_string())).cloned())
+            .context("worker not in /v1/workers")
+    }
+
+    /// Waits until the state service's index holds at least `blocks` blocks for worker `i`
+    /// (its KV events have arrived).
+    pub async fn wait_index(&self, i: usize, blocks: u64) -> Result<()> {
+        wait_for(&format!("worker {i} index >= {blocks} blocks"), Duration::from_secs(20), || async {
+            let w = self.worker_view(i).await.ok()?;
+            (w["index_blocks"].as_u64()? >= blocks).then_some(())
+        })
+        .await
+    }
+
+    /// Waits until the state service holds no assignment (every report arrived) and no worker
+    /// reports running or waiting requests, so the next pick sees equal, fresh load.
+    pub async fn wait_idle(&self) -> Result<()> {
+        wait_for("idle fleet", Duration::from_secs(20), || async {
+            let v = self.workers_view().await.ok()?;
+            let busy = v["workers"].as_array()?.iter().any(|w| {
+                w["load"]["running"].as_u64() != Some(0) || w["load"]["waiting"].as_u64() != Some(0)
+            });
+            (v["assignments"].as_u64() == Some(0) && !busy).then_some(())
+        })
+        .await
+    }
+
+    pub fn log_tails(&self) -> String {
+        let state = self.state.as_ref().map(|p| p.log_tail(3000)).unwrap_or_default();
+        format!("--- envoy ---\n{}\n--- state ---\n{state}\n--- sim ---\n{}", self.envoy.proc.log_tail(3000), self.sim.log_tail(2000))
+    }
+}

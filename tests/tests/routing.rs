@@ -1,0 +1,163 @@
+//! Must-show routing behaviour through real Envoy, the real state service and simulated vLLM
+//! workers: cache-aware placement, conversation affinity, load deciding between equal caches,
+//! client headers that cannot steer, pass-through paths, both routing modes.
+
+use anyhow::Result;
+use kvroute_e2e::envoy::Mode;
+use kvroute_e2e::llm::{completion, concat, decision_field, header, tokens};
+use kvroute_e2e::net::wait_for;
+use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
+use serde_json::json;
+use std::time::Duration;
+
+async fn stack(mode: Mode, workers: usize) -> Result<Stack> {
+    Stack::start(StackOptions { mode, workers, plugin: json!({}), time_scale: 0.2 }).await
+}
+
+/// Puts `prompt` into worker `i`'s cache by asking it directly (not through Envoy), then waits
+/// until the state service has seen the KV events.
+async fn warm(s: &Stack, i: usize, prompt: &[u32]) -> Result<()> {
+    let before = s.worker_view(i).await?["index_blocks"].as_u64().unwrap_or(0);
+    let r = s.client.post(s.worker_url(i, "/v1/completions")).json(&completion(MODEL, prompt, 1, false)).send().await?;
+    assert_eq!(r.status(), 200);
+    r.bytes().await?;
+    s.wait_index(i, before + (prompt.len() / 16) as u64).await?;
+    s.wait_idle().await
+}
+
+/// Sends a completion through Envoy; returns (worker, decision header) once the state service
+/// has its completion report (so the next pick sees the fleet idle again).
+async fn route(s: &Stack, prompt: &[u32]) -> Result<(String, String)> {
+    let r = s.client.post(s.envoy.url("/v1/completions")).json(&completion(MODEL, prompt, 2, false)).send().await?;
+    assert_eq!(r.status(), 200, "{}", s.log_tails());
+    let out = (header(&r, "x-sim-worker"), header(&r, "x-kvroute-decision"));
+    r.bytes().await?;
+    s.wait_idle().await?;
+    Ok(out)
+}
+
+async fn prefix_only_b_holds_goes_to_b(mode: Mode) -> Result<()> {
+    let s = stack(mode, 3).await?;
+    for (b, seed) in [(1usize, 11u32), (2, 12), (0, 13)] {
+        let prefix = tokens(seed, 160);
+        warm(&s, b, &prefix).await?;
+        let (worker, decision) = route(&s, &concat(&prefix, &tokens(seed + 100, 24))).await?;
+        assert_eq!(worker, b.to_string(), "decision {decision}");
+        assert_eq!(decision_field(&decision, "matched").as_deref(), Some("10"), "{decision}");
+        assert_eq!(decision_field(&decision, "worker").as_deref(), Some(b.to_string().as_str()));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn prefix_held_by_one_worker_routes_there_endpoint_mode() -> Result<()> {
+    prefix_only_b_holds_goes_to_b(Mode::Endpoint).await
+}
+
+#[tokio::test]
+async fn prefix_held_by_one_worker_routes_there_cluster_mode() -> Result<()> {
+    prefix_only_b_holds_goes_to_b(Mode::Cluster).await
+}
+
+#[tokio::test]
+async fn next_turn_lands_where_turn_one_ran() -> Result<()> {
+    let s = stack(Mode::Endpoint, 3).await?;
+    for conv in 0..4u32 {
+        let turn1 = tokens(500 + conv, 200);
+        let before: Vec<u64> = index_sizes(&s).await?;
+        let (first, _) = route(&s, &turn1).await?;
+        // The user's think time: turn one's KV events reach the state service.
+        let w: usize = first.parse()?;
+        s.wait_index(w, before[w] + 12).await?;
+        // Turn two repeats turn one (plus the "assistant reply" and a new user message).
+        let turn2 = concat(&concat(&turn1, &tokens(600 + conv, 30)), &tokens(700 + conv, 40));
+        let (second, decision) = route(&s, &turn2).await?;
+        assert_eq!(second, first, "conversation {conv}: {decision}");
+        let matched: u32 = decision_field(&decision, "matched").and_then(|m| m.parse().ok()).unwrap_or(0);
+        assert!(matched >= 12, "turn two should match turn one's blocks: {decision}");
+    }
+    Ok(())
+}
+
+async fn index_sizes(s: &Stack) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for i in 0..s.workers {
+        out.push(s.worker_view(i).await?["index_blocks"].as_u64().unwrap_or(0));
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn with_equal_caches_load_decides() -> Result<()> {
+    // Enough running sequences that the load term dominates calibration noise between workers.
+    const BUSY: u32 = 48;
+    let s = stack(Mode::Endpoint, 2).await?;
+    // Keep worker 0 busy with long generations sent to it directly.
+    let mut busy = Vec::new();
+    for i in 0..BUSY {
+        let body = completion(MODEL, &tokens(900 + i, 40), 20_000, true);
+        busy.push(s.client.post(s.worker_url(0, "/v1/completions")).json(&body).send().await?);
+    }
+    wait_for("worker 0 running them all", Duration::from_secs(20), || async {
+        let w = s.worker_view(0).await.ok()?;
+        (w["load"]["running"].as_u64()? >= u64::from(BUSY)).then_some(())
+    })
+    .await?;
+    // Fresh prompts: neither worker holds them, so the idle one wins.
+    for i in 0..3u32 {
+        let r = s.client.post(s.envoy.url("/v1/completions")).json(&completion(MODEL, &tokens(950 + i, 64), 2, false)).send().await?;
+        let decision = header(&r, "x-kvroute-decision");
+        let view = s.workers_view().await?;
+        assert_eq!(header(&r, "x-sim-worker"), "1", "{decision} {view}");
+        assert_eq!(decision_field(&decision, "matched").as_deref(), Some("0"));
+        r.bytes().await?;
+        wait_for("reports in", Duration::from_secs(20), || async {
+            (s.workers_view().await.ok()?["assignments"].as_u64()? == 0).then_some(())
+        })
+        .await?;
+    }
+    drop(busy);
+    Ok(())
+}
+
+#[tokio::test]
+async fn clients_cannot_choose_their_worker() -> Result<()> {
+    let s = stack(Mode::Endpoint, 2).await?;
+    let prefix = tokens(31, 160);
+    warm(&s, 1, &prefix).await?;
+    let worker0 = format!("127.0.0.1:{}", s.http_base);
+    for i in 0..3u32 {
+        let r = s
+            .client
+            .post(s.envoy.url("/v1/completions"))
+            .header("x-gateway-destination-endpoint", &worker0)
+            .header("x-kvroute-cluster", "worker_0")
+            .header("x-kvroute-decision", "worker=0")
+            .header("x-kvroute-fallback", "none")
+            .json(&completion(MODEL, &concat(&prefix, &tokens(40 + i, 16)), 2, false))
+            .send()
+            .await?;
+        let why = format!("{:?}", r.headers());
+        assert_eq!(header(&r, "x-sim-worker"), "1", "{why}");
+        assert!(header(&r, "x-kvroute-decision").starts_with("worker=1;"), "{why}");
+        r.bytes().await?;
+        s.wait_idle().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn models_and_non_llm_paths_pass_through_unchanged() -> Result<()> {
+    let s = stack(Mode::Endpoint, 2).await?;
+    for path in ["/v1/models", "/health"] {
+        let r = s.client.get(s.envoy.url(path)).send().await?;
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(header(&r, "x-kvroute-decision").is_empty() && header(&r, "x-kvroute-fallback").is_empty());
+        let worker: usize = header(&r, "x-sim-worker").parse()?;
+        let via_envoy = r.bytes().await?;
+        let direct = s.client.get(s.worker_url(worker, path)).send().await?.bytes().await?;
+        assert_eq!(via_envoy, direct, "{path}");
+    }
+    assert_eq!(s.envoy.counter("kvroute_llm_requests").await?, 0);
+    Ok(())
+}
