@@ -11,3 +11,5 @@ mod replicas;
 mod sims;
 #[path = "redis_store/warm_start.rs"]
 mod warm_start;
+#[path = "redis_store/outage.rs"]
+mod outage;
