@@ -1,0 +1,117 @@
+//! Must-show failure handling and reporting through real Envoy, the real state service and
+//! simulated workers: the state service dying and coming back, bodies kvroute cannot or will
+//! not read, unknown models, and first-token / completion reports closing the loop.
+
+use anyhow::Result;
+use kvroute_e2e::envoy::Mode;
+use kvroute_e2e::llm::{completion, header, tokens};
+use kvroute_e2e::net::wait_for;
+use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
+use serde_json::json;
+use std::time::Duration;
+
+async fn stack(mode: Mode, plugin: serde_json::Value) -> Result<Stack> {
+    Stack::start(StackOptions { mode, workers: 2, plugin, time_scale: 0.2 }).await
+}
+
+async fn survives_state_service_death(mode: Mode) -> Result<()> {
+    let mut s = stack(mode, json!({})).await?;
+    let (client, url) = (s.client.clone(), s.envoy.url("/v1/completions"));
+    let send = |seed: u32, stream: bool| client.post(&url).json(&completion(MODEL, &tokens(seed, 48), 4, stream)).send();
+    let r = send(1, false).await?;
+    assert_eq!(r.status(), 200);
+    assert!(!header(&r, "x-kvroute-decision").is_empty());
+    s.kill_state();
+    for i in 0..6u32 {
+        let r = send(10 + i, i % 2 == 0).await?;
+        assert_eq!(r.status(), 200, "{}", s.log_tails());
+        assert_eq!(header(&r, "x-kvroute-fallback"), "pick_unavailable");
+        assert!(header(&r, "x-kvroute-decision").is_empty());
+        let body = r.text().await?;
+        assert!(body.contains("usage"), "a complete answer from the default route: {body}");
+    }
+    assert_eq!(s.envoy.counter("kvroute_fallback_pick_unavailable").await?, 6);
+    s.start_state().await?;
+    let r = send(20, false).await?;
+    assert_eq!(header(&r, "x-kvroute-fallback"), "");
+    assert!(header(&r, "x-kvroute-decision").starts_with("worker="), "{:?}", r.headers());
+    Ok(())
+}
+
+#[tokio::test]
+async fn state_service_killed_mid_run_endpoint_mode() -> Result<()> {
+    survives_state_service_death(Mode::Endpoint).await
+}
+
+#[tokio::test]
+async fn state_service_killed_mid_run_cluster_mode() -> Result<()> {
+    survives_state_service_death(Mode::Cluster).await
+}
+
+#[tokio::test]
+async fn unreadable_bodies_and_unknown_models_pass_through_counted() -> Result<()> {
+    let s = stack(Mode::Endpoint, json!({"max_body_bytes": 65536})).await?;
+    let big = serde_json::to_vec(&completion(MODEL, &tokens(3, 20_000), 2, false))?;
+    assert!(big.len() > 65536);
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"{\"model\": \"kvroute/sim-27b-fp8\", \"prompt\": [1, 2,".to_vec(), "unparsable_body"),
+        (big, "body_too_large"),
+        (serde_json::to_vec(&completion("no-such-model", &tokens(4, 40), 2, false))?, "unknown_model"),
+    ];
+    for (body, reason) in cases {
+        let r = s.client.post(s.envoy.url("/v1/completions")).header("content-type", "application/json").body(body).send().await?;
+        let status = r.status().as_u16();
+        assert!(status < 500, "{reason}: kvroute must never cause a 5xx, got {status}");
+        assert_eq!(header(&r, "x-kvroute-fallback"), reason);
+        // The worker itself judged the request: its own answer came back.
+        assert!(!header(&r, "x-sim-worker").is_empty(), "{reason}");
+        assert_eq!(s.envoy.counter(&format!("kvroute_fallback_{reason}")).await?, 1, "{reason}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn reports_close_every_assignment_and_calibrate() -> Result<()> {
+    let s = stack(Mode::Endpoint, json!({})).await?;
+    let burst: Vec<_> = (0..16u32)
+        .map(|i| {
+            let body = completion(MODEL, &tokens(100 + i, 64 + 16 * (i as usize % 4)), 8, i % 2 == 0);
+            let req = s.client.post(s.envoy.url("/v1/completions")).json(&body).send();
+            async move {
+                let r = req.await?;
+                let routed = !header(&r, "x-kvroute-decision").is_empty();
+                let status = r.status();
+                r.bytes().await?;
+                anyhow::Ok((status, routed))
+            }
+        })
+        .collect();
+    let mut routed = 0;
+    for f in burst {
+        let (status, r) = f.await?;
+        assert_eq!(status, 200);
+        routed += usize::from(r);
+    }
+    assert_eq!(routed, 16);
+    let view = wait_for("assignments back to zero", Duration::from_secs(20), || async {
+        let v = s.workers_view().await.ok()?;
+        (v["assignments"].as_u64()? == 0).then_some(v)
+    })
+    .await?;
+    let samples: u64 = view["workers"].as_array().map(|ws| ws.iter().filter_map(|w| w["calibration"]["samples"].as_u64()).sum()).unwrap_or(0);
+    assert!(samples >= 1, "first-token reports must calibrate the cost model: {view}");
+    let moved = view["workers"].as_array().map(|ws| {
+        ws.iter().any(|w| w["calibration"]["overhead_ms"].as_f64() != Some(15.0) || w["calibration"]["per_token_ms"].as_f64() != Some(0.1))
+    });
+    assert_eq!(moved, Some(true), "calibration should move from the priors: {view}");
+    assert!(s.envoy.counter("kvroute_reports_sent").await? >= 32);
+    // A client that walks away mid-stream is reported as a cancel: the assignment is freed.
+    let mut r = s.client.post(s.envoy.url("/v1/completions")).json(&completion(MODEL, &tokens(300, 64), 20_000, true)).send().await?;
+    r.chunk().await?;
+    drop(r);
+    wait_for("cancelled assignment freed", Duration::from_secs(20), || async {
+        (s.workers_view().await.ok()?["assignments"].as_u64()? == 0).then_some(())
+    })
+    .await?;
+    Ok(())
+}
