@@ -206,3 +206,35 @@ fn convert_tool(tool: &Json) -> Result<Json, TokenizeError> {
     }}))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Json) -> Map<String, Json> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn tool_results_precede_their_user_message() {
+        let (msgs, _) = convert(
+            &body(json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}, {"type": "text", "text": "next"}]}]})),
+            false,
+        )
+        .unwrap();
+        assert_eq!(msgs, vec![json!({"role": "tool", "tool_call_id": "t", "content": "r"}), json!({"role": "user", "content": "next"})]);
+    }
+
+    #[test]
+    fn inline_system_merges_only_when_asked() {
+        let b = body(json!({"system": "a", "messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "b"}]}));
+        assert_eq!(convert(&b, true).unwrap().0, vec![json!({"role": "system", "content": "ab"}), json!({"role": "user", "content": "u"})]);
+        assert_eq!(convert(&b, false).unwrap().0.len(), 3);
+    }
+
+    #[test]
+    fn unsupported_blocks_are_errors() {
+        let b = body(json!({"messages": [{"role": "user", "content": [{"type": "tool_addition", "tool": {}}]}]}));
+        assert!(matches!(convert(&b, false), Err(TokenizeError::Unsupported(_))));
+        assert!(convert(&body(json!({"messages": 1})), false).is_err());
+    }
+}

@@ -72,15 +72,17 @@ fn kwargs(obj: &Map<String, Json>, settings: &RenderSettings) -> Result<Map<Stri
 /// Parses `template_input` sent for `api` into what the chat template needs.
 pub fn parse(template_input: &str, api: Api, template: &str, settings: &RenderSettings) -> Result<ParsedChat, TokenizeError> {
     let value: Json = serde_json::from_str(template_input).map_err(|e| TokenizeError::Json(e.to_string()))?;
-    let Json::Object(obj) = value else {
+    let Json::Object(mut obj) = value else {
         return Err(input("template input must be a JSON object"));
     };
     let (messages, tools) = match api {
         Api::ChatCompletions => {
-            let messages = obj.get("messages").and_then(Json::as_array).ok_or_else(|| input("messages must be an array"))?.clone();
-            let tools = match obj.get("tools") {
+            let Some(Json::Array(messages)) = obj.shift_remove("messages") else {
+                return Err(input("messages must be an array"));
+            };
+            let tools = match obj.shift_remove("tools") {
                 None | Some(Json::Null) => None,
-                Some(Json::Array(t)) => Some(t.clone()),
+                Some(Json::Array(t)) => Some(t),
                 Some(_) => return Err(input("tools must be an array")),
             };
             (messages, tools)

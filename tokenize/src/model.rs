@@ -135,6 +135,11 @@ impl ModelTokenizer {
         self.settings.merge_inline_system
     }
 
+    /// The cached encoder, for callers that already hold rendered text.
+    pub fn encoder(&self) -> &CachedEncoder {
+        &self.encoder
+    }
+
     pub fn cache_stats(&self) -> CacheStats {
         self.encoder.stats()
     }

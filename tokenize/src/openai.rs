@@ -324,3 +324,39 @@ fn normalize_tool(tool: &Json) -> Result<Json, TokenizeError> {
     Ok(Json::Object(out))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_content_format() {
+        assert_eq!(ContentFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"), ContentFormat::String);
+        assert_eq!(ContentFormat::detect("{%- for part in message['content'] -%}{{ part.text }}{% endfor %}"), ContentFormat::OpenAi);
+        assert_eq!(ContentFormat::detect("{% for c in m.content %}{% endfor %}"), ContentFormat::OpenAi);
+    }
+
+    #[test]
+    fn openai_format_keeps_parts_and_counts_media() {
+        let msgs = vec![json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]})];
+        let n = normalize_messages(&msgs, ContentFormat::OpenAi, "").unwrap();
+        assert_eq!(n.media_items, 1);
+        assert_eq!(n.messages[0]["content"], json!([{"type": "text", "text": "a"}, {"type": "image"}]));
+        let s = normalize_messages(&msgs, ContentFormat::String, "").unwrap();
+        assert_eq!(s.messages[0]["content"], json!("a"));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        for bad in [json!(1), json!({"content": "x"}), json!({"role": "user", "content": 5}), json!({"role": "user", "content": [{"type": "weird"}]})] {
+            assert!(normalize_messages(&[bad], ContentFormat::String, "").is_err());
+        }
+        assert!(normalize_tools(&[json!({"type": "function", "function": {"name": 3}})]).is_err());
+        assert!(normalize_tools(&[json!("x")]).is_err());
+    }
+
+    #[test]
+    fn tools_dump_like_pydantic() {
+        let t = normalize_tools(&[json!({"function": {"parameters": {"b": 1, "a": 2}, "name": "f", "x": 1}, "defer_loading": true})]).unwrap();
+        assert_eq!(serde_json::to_string(&t[0]).unwrap(), r#"{"type":"function","function":{"name":"f","description":null,"parameters":{"b":1,"a":2},"defer_loading":true},"defer_loading":true}"#);
+    }
+}

@@ -141,3 +141,35 @@ fn string(s: &str, out: &mut String, ensure_ascii: bool) {
     }
     out.push('"');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_print_like_python_repr() {
+        let cases = [
+            (1e16, "1e+16"), (1.5e-7, "1.5e-07"), (0.0001, "0.0001"), (1e-5, "1e-05"), (2.5, "2.5"), (100.0, "100.0"),
+            (1e22, "1e+22"), (0.1, "0.1"), (-3.25, "-3.25"), (123456789012345.6, "123456789012345.6"), (9999999999999998.0, "9999999999999998.0"),
+            (-0.0, "-0.0"), (1.7976931348623157e308, "1.7976931348623157e+308"), (5e-324, "5e-324"),
+        ];
+        for (f, want) in cases {
+            assert_eq!(python_float_repr(f), want, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn tojson_matches_json_dumps() {
+        let mut env = minijinja::Environment::new();
+        env.add_filter("tojson", tojson);
+        let v: serde_json::Value = serde_json::from_str(r#"{"b": 1, "a": [1.0, 2.5, "é\n\"\u0001", null, true, {}], "c": 1e20}"#).unwrap();
+        let ctx = minijinja::context! { v => crate::chat::to_value(&v) };
+        let out = env.render_str("{{ v | tojson }}", ctx.clone()).unwrap();
+        assert_eq!(out, r#"{"b": 1, "a": [1.0, 2.5, "é\n\"\u0001", null, true, {}], "c": 1e+20}"#);
+        let ascii = env.render_str("{{ v.a | tojson(ensure_ascii=true) }}", ctx.clone()).unwrap();
+        assert_eq!(ascii, r#"[1.0, 2.5, "\u00e9\n\"\u0001", null, true, {}]"#);
+        let indented = env.render_str("{{ v.a[5] | tojson(indent=2) }}|{{ [1, [2]] | tojson(indent=2) }}", ctx.clone()).unwrap();
+        assert_eq!(indented, "{}|[\n  1,\n  [\n    2\n  ]\n]");
+        assert!(env.render_str("{{ v | tojson(sort_keys=true) }}", ctx).is_err(), "unsupported options are errors, not silent differences");
+    }
+}
