@@ -296,6 +296,15 @@ mod tests {
         assert_eq!(v["tools"][0]["function"]["name"], "f");
     }
 
+    /// Tool schemas are rendered into the prompt verbatim, so key order is part of the prompt.
+    #[test]
+    fn template_input_keeps_key_order() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"q"}],
+            "tools":[{"type":"function","function":{"name":"f","parameters":{"zeta":1,"alpha":2}}}]}"#;
+        let Prompt::Chat { template_input, .. } = p(Api::ChatCompletions, body).unwrap().prompt else { panic!("not chat") };
+        assert!(template_input.find("zeta").unwrap() < template_input.find("alpha").unwrap(), "{template_input}");
+    }
+
     #[test]
     fn anthropic_messages() {
         let body = r#"{"model":"m","max_tokens":64,"system":[{"type":"text","text":"sys"}],
