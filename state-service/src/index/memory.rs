@@ -7,6 +7,10 @@
 //!   once; it stays indexed while any tier holds it.
 //! - global, sharded: `BlockKey -> engines holding it` (see `holders.rs` for the layout).
 //!
+//! Cost: a store or remove is O(1) per block (one engine-map and one shard operation); a
+//! lookup is O(keys walked x slot words), stopping at the first key no candidate holds;
+//! `clear_engine` is O(blocks of that engine).
+//!
 //! Key roots. An engine's chains start at `KeyRoot::new(lora_name.unwrap_or(model), "",
 //! cache_salt.unwrap_or(""))`, where `model` is the engine's configured model and `lora_name`
 //! / `cache_salt` come from the event. The matching convention on the request side: a client
@@ -57,6 +61,10 @@ fn tier_bit(t: Tier) -> u8 {
 #[derive(Default)]
 struct EngineMap {
     blocks: HashMap<EngineHash, Entry, SeededState>,
+    /// Keys this engine reaches through more than one of its hashes (vLLM hashes extra keys,
+    /// such as multimodal inputs or the LoRA path, that kvroute keys do not): references
+    /// beyond the first. The engine holds a key while any reference remains. Usually empty.
+    extra_refs: HashMap<BlockKey, u32, SeededState>,
     /// Scratch for computed keys, reused across events.
     keys: Vec<BlockKey>,
 }
@@ -126,7 +134,7 @@ impl MemoryIndex {
                 std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().tiers |= bit,
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(Entry { key, tiers: bit });
-                    self.shard(key).write().add(key, slot.0);
+                    self.hold(slot, &mut e.extra_refs, key);
                 }
             }
         }
@@ -145,12 +153,30 @@ impl MemoryIndex {
             if entry.tiers == 0 {
                 let key = entry.key;
                 e.blocks.remove(hash);
-                self.shard(key).write().release(key, slot.0);
+                self.unhold(slot, &mut e.extra_refs, key);
             }
         }
     }
 
+    /// One more of `slot`'s hashes maps to `key`.
+    fn hold(&self, slot: EngineSlot, extra_refs: &mut HashMap<BlockKey, u32, SeededState>, key: BlockKey) {
+        if !self.shard(key).write().add(key, slot.0) {
+            *extra_refs.entry(key).or_insert(0) += 1;
+        }
+    }
+
+    /// One fewer of `slot`'s hashes maps to `key`; the last one releases it.
+    fn unhold(&self, slot: EngineSlot, extra_refs: &mut HashMap<BlockKey, u32, SeededState>, key: BlockKey) {
+        match extra_refs.get_mut(&key) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => drop(extra_refs.remove(&key)),
+            None => self.shard(key).write().release(key, slot.0),
+        }
+    }
+
     fn clear_locked(&self, slot: EngineSlot, e: &mut EngineMap) {
+        e.extra_refs = HashMap::default();
+        // Releasing a key twice is a no-op, so duplicate references need no bookkeeping here.
         for entry in std::mem::take(&mut e.blocks).into_values() {
             self.shard(entry.key).write().release(entry.key, slot.0);
         }
@@ -224,11 +250,7 @@ impl KvIndex for MemoryIndex {
         let mut next = vec![0u64; words];
         for (i, &key) in keys.iter().enumerate().skip(1) {
             next.iter_mut().for_each(|w| *w = 0);
-            self.shard(key).read().for_each_holder(key, |s| {
-                if let Some(w) = next.get_mut(s as usize / 64) {
-                    *w |= 1 << (s % 64);
-                }
-            });
+            self.shard(key).read().holders_into(key, &mut next);
             alive -= drain_bits(&mut active, &next, |slot| out.push(matched(slot, i)));
             if alive == 0 {
                 return out;

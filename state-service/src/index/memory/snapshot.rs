@@ -57,7 +57,7 @@ impl MemoryIndex {
                 continue;
             }
             e.blocks.insert(b.hash, Entry { key: b.key, tiers });
-            self.shard(b.key).write().add(b.key, engine.0);
+            self.hold(engine, &mut e.extra_refs, b.key);
         }
         e.blocks.len()
     }

@@ -180,7 +180,7 @@ impl Gen {
 
     fn store(&mut self, ei: usize) -> Option<KvEvent> {
         let p = &self.prompts[self.rng.gen_range(0..self.prompts.len())];
-        let variant = u8::from(self.rng.gen_bool(0.1));
+        let variant = if self.rng.gen_bool(0.15) { self.rng.gen_range(1..3u8) } else { 0 };
         let hashes = p.engine_hashes(variant);
         if hashes.is_empty() {
             return None;

@@ -1,0 +1,210 @@
+//! Index benchmark: prefix-lookup latency, ingestion throughput, memory per (block, engine).
+//!
+//! `cargo run -p kvroute-state --release --example index_bench`
+//!
+//! Fleet: 64 engines x 50,000 blocks (block size 16). Every engine holds one 512-block shared
+//! prefix (a long system prompt: the lookup worst case, every key held by all 64 engines) and
+//! the rest as 48-block conversation tails of its own (the memory worst case: one engine per
+//! key). Figures are a report, not a test; they vary with the machine.
+
+use kvroute_core::keys::{token_block_keys, KeyRoot};
+use kvroute_state::events::{decode_batch_into, EventBatch};
+use kvroute_state::index::memory::MemoryIndex;
+use kvroute_state::index::KvIndex;
+use kvroute_state::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
+use rmpv::Value;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Counts live heap bytes, so the index's footprint is measured, not estimated.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size(), Relaxed);
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Relaxed);
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new, Relaxed);
+        LIVE.fetch_sub(l.size(), Relaxed);
+        System.realloc(p, l, new)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const ENGINES: u32 = 64;
+const BLOCKS_PER_ENGINE: usize = 50_000;
+const BS: usize = 16;
+const SHARED: usize = 512;
+const TAIL: usize = 48;
+const MODEL: &str = "bench-model";
+
+/// Deterministic pseudo-random tokens (splitmix64), so runs are comparable.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| (self.next() % 150_000) as u32).collect()
+    }
+}
+
+fn stored(hashes: Vec<EngineHash>, parent: Option<EngineHash>, token_ids: Vec<u32>) -> KvEvent {
+    KvEvent::Stored { hashes, parent, token_ids, block_size: BS as u32, lora_name: None, cache_salt: None, tier: Tier::Gpu }
+}
+
+/// Loads one engine: the shared prefix, then its own tails, as vLLM would report them.
+fn load_engine(index: &MemoryIndex, engine: u32, shared: &[u32], rng: &mut Rng) {
+    let slot = EngineSlot(engine);
+    let mut h = u64::from(engine) << 40;
+    let mut next_hash = || {
+        h += 1;
+        EngineHash(h.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    };
+    let hashes: Vec<_> = (0..SHARED).map(|_| next_hash()).collect();
+    index.apply(slot, MODEL, BS as u32, &[stored(hashes, None, shared.to_vec())]);
+    let mut left = BLOCKS_PER_ENGINE - SHARED;
+    while left > 0 {
+        let n = left.min(TAIL);
+        let hashes: Vec<_> = (0..n).map(|_| next_hash()).collect();
+        index.apply(slot, MODEL, BS as u32, &[stored(hashes, None, rng.tokens(n * BS))]);
+        left -= n;
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn bench_lookup(index: &MemoryIndex, label: &str, keys: &[BlockKey], iters: usize) {
+    let mut lat = Vec::with_capacity(iters);
+    let mut sink = 0usize;
+    let start = Instant::now();
+    for _ in 0..iters {
+        let t = Instant::now();
+        sink += index.match_prefix(keys).len();
+        lat.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    lat.sort_unstable();
+    println!(
+        "  {label:<46} p50 {:>7.2} us  p99 {:>7.2} us  {:>9.0} matches/s  ({} engines)",
+        percentile(&lat, 0.50).as_secs_f64() * 1e6,
+        percentile(&lat, 0.99).as_secs_f64() * 1e6,
+        iters as f64 / total.as_secs_f64(),
+        sink / iters,
+    );
+}
+
+/// Encoded batches of one BlockStored event with `per_event` chained blocks each.
+fn encoded_batches(total_blocks: usize, per_event: usize, rng: &mut Rng) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut parent: Option<u64> = None;
+    let mut h = 0xabcd_0000_0000_0000u64;
+    for _ in 0..total_blocks / per_event {
+        let hashes: Vec<u64> = (0..per_event).map(|_| { h += 1; h | (1 << 63) }).collect();
+        let ev = Value::Map(vec![
+            ("type".into(), "BlockStored".into()),
+            ("block_hashes".into(), Value::Array(hashes.iter().map(|&x| Value::from(x)).collect())),
+            ("parent_block_hash".into(), parent.map_or(Value::Nil, Value::from)),
+            ("token_ids".into(), Value::Array(rng.tokens(per_event * BS).into_iter().map(Value::from).collect())),
+            ("block_size".into(), Value::from(BS as u32)),
+            ("lora_id".into(), Value::Nil),
+            ("medium".into(), "GPU".into()),
+            ("lora_name".into(), Value::Nil),
+            ("group_idx".into(), Value::from(0)),
+        ]);
+        parent = hashes.last().copied();
+        let batch = Value::Array(vec![Value::F64(1.7e9), Value::Array(vec![ev]), Value::from(0)]);
+        let mut buf = Vec::new();
+        rmpv::encode::write_value(&mut buf, &batch).expect("encode");
+        out.push(buf);
+    }
+    out
+}
+
+fn bench_ingest(index: &MemoryIndex, engine: u32, per_event: usize, rng: &mut Rng) {
+    let payloads = encoded_batches(256_000, per_event, rng);
+    let blocks = payloads.len() * per_event;
+    let mut batch = EventBatch::default();
+    let start = Instant::now();
+    for p in &payloads {
+        decode_batch_into(p, &mut batch).expect("decode");
+        index.apply(EngineSlot(engine), MODEL, BS as u32, &batch.events);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!("  {per_event:>3} blocks/event: {:>10.0} blocks/s  ({blocks} blocks, decode + apply, one thread)", blocks as f64 / secs);
+}
+
+fn main() {
+    let mut rng = Rng(42);
+    let shared = rng.tokens(SHARED * BS);
+    let before = LIVE.load(Relaxed);
+    let index = Arc::new(MemoryIndex::new());
+    let t = Instant::now();
+    for e in 0..ENGINES {
+        load_engine(&index, e, &shared, &mut rng);
+    }
+    let bytes = LIVE.load(Relaxed) - before;
+    let pairs = ENGINES as usize * BLOCKS_PER_ENGINE;
+    println!("fleet: {ENGINES} engines x {BLOCKS_PER_ENGINE} blocks, block size {BS}, built in {:.1} s", t.elapsed().as_secs_f64());
+    println!("memory: {:.1} MiB for {pairs} (block, engine) pairs = {:.1} B/pair  ({} distinct keys)",
+        bytes as f64 / (1 << 20) as f64, bytes as f64 / pairs as f64, index.distinct_keys());
+
+    let root = KeyRoot::new(MODEL, "", "");
+    let shared_keys = token_block_keys(&root, &shared, BS);
+    let tail_engine_keys = {
+        // A 32-block request continuing the shared prefix's first 8 blocks: nobody holds it past 8.
+        let mut t = shared[..8 * BS].to_vec();
+        t.extend(rng.tokens(24 * BS));
+        token_block_keys(&root, &t, BS)
+    };
+    println!("match_prefix:");
+    bench_lookup(&index, "32 blocks, all 64 engines hold all", &shared_keys[..32], 200_000);
+    bench_lookup(&index, "512 blocks, all 64 engines hold all (worst)", &shared_keys, 20_000);
+    bench_lookup(&index, "32 blocks, 64 engines diverge after 8", &tail_engine_keys, 200_000);
+    bench_lookup(&index, "miss (first key unknown)", &[BlockKey(12345)], 200_000);
+
+    // The same lookups while one thread ingests into another engine (2-core machine).
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (index, stop) = (Arc::clone(&index), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut rng = Rng(7);
+            let payloads = encoded_batches(16_000, 16, &mut rng);
+            let mut batch = EventBatch::default();
+            while !stop.load(Relaxed) {
+                for p in &payloads {
+                    if decode_batch_into(p, &mut batch).is_ok() {
+                        index.apply(EngineSlot(ENGINES + 1), MODEL, BS as u32, &batch.events);
+                    }
+                }
+                index.clear_engine(EngineSlot(ENGINES + 1));
+            }
+        })
+    };
+    println!("match_prefix with a concurrent writer thread:");
+    bench_lookup(&index, "512 blocks, all 64 engines hold all (worst)", &shared_keys, 20_000);
+    bench_lookup(&index, "32 blocks, all 64 engines hold all", &shared_keys[..32], 100_000);
+    stop.store(true, Relaxed);
+    let _ = writer.join();
+
+    println!("ingestion (msgpack batches -> decode -> apply, into the loaded fleet):");
+    bench_ingest(&index, ENGINES + 2, 1, &mut rng);
+    bench_ingest(&index, ENGINES + 3, 16, &mut rng);
+    bench_ingest(&index, ENGINES + 4, 64, &mut rng);
+}
