@@ -164,7 +164,8 @@ impl RedisStore {
         let publish = |pipe: &mut redis::Pipeline, event: Event| {
             let msg = wire::Message { from: self.replica.clone(), event };
             if let Ok(json) = serde_json::to_string(&msg) {
-                pipe.publish(&self.channel, json).ignore();
+                // The origin first, so a replica skips its own messages without parsing.
+                pipe.publish(&self.channel, format!("{}\n{json}", self.replica)).ignore();
             }
         };
         match op {
@@ -220,8 +221,9 @@ impl SharedStore for RedisStore {
     }
 
     fn assigned(&self, a: &Assignment, keys: &[BlockKey]) {
-        let record = Box::new(Record::new(a, keys, &self.replica));
-        let event = Some(Event::Assigned((*record).clone()));
+        // Keys travel in the event only: the stored record is for load and calibration.
+        let record = Box::new(Record::new(a, &[], &self.replica));
+        let event = Some(Event::Assigned(Record::new(a, keys, &self.replica)));
         self.send(Op::Put { record, ttl: self.first_token_ttl, event });
     }
 

@@ -90,8 +90,15 @@ async fn subscribe_once(store: &RedisStore, state: &AppState, shard: ShardId) ->
     tracing::debug!(shard = %store.shards.node(shard).url, loaded, "subscribed to replica events");
     let mut messages = pubsub.on_message();
     while let Some(msg) = messages.next().await {
-        match serde_json::from_slice::<Message>(msg.get_payload_bytes()) {
-            Ok(m) if m.from == store.replica => {}
+        let payload = msg.get_payload_bytes();
+        let Some(split) = payload.iter().position(|b| *b == b'\n') else {
+            store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if &payload[..split] == store.replica.as_bytes() {
+            continue;
+        }
+        match serde_json::from_slice::<Message>(&payload[split + 1..]) {
             Ok(m) => apply(store, state, m.event),
             Err(_) => {
                 store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
