@@ -126,17 +126,18 @@ pub struct CompareArgs {
     /// Policies to compare, in order.
     #[arg(long, value_delimiter = ',', default_values_t = POLICIES.map(String::from))]
     pub policies: Vec<String>,
-    /// Offered rate(s) in requests/s (sessions/s for multi-turn); several = a sweep.
+    /// Offered rate(s) in requests/s (sessions/s for multi-turn), in simulated time (the
+    /// real rate is this divided by --time-scale); several = a sweep.
     #[arg(long, value_delimiter = ',', default_values_t = [1.0])]
     pub rate: Vec<f64>,
-    /// Stop sending new requests this long after a pass starts.
+    /// Stop sending new requests this long (real seconds) after a pass starts.
     #[arg(long, default_value_t = 600.0)]
     pub max_duration_s: f64,
     #[arg(long, default_value_t = 300.0)]
     pub request_timeout_s: f64,
     #[arg(long, default_value_t = 512)]
     pub max_inflight: usize,
-    /// Goodput SLO: TTFT threshold, seconds.
+    /// Goodput SLO: TTFT threshold, simulated seconds.
     #[arg(long, default_value_t = 8.0)]
     pub slo_ttft_s: f64,
     /// Goodput SLO: fraction of requests that must meet the threshold.
@@ -153,7 +154,8 @@ pub struct CompareArgs {
 }
 
 impl CompareArgs {
-    pub fn spec(&self, base_url: &str, model: &str, seed: u64) -> Result<CompareSpec> {
+    /// `time_scale`: the workers' (see [`RunSpec::time_scale`]).
+    pub fn spec(&self, base_url: &str, model: &str, seed: u64, time_scale: f64) -> Result<CompareSpec> {
         for p in &self.policies {
             if !POLICIES.contains(&p.as_str()) {
                 bail!("unknown policy {p}; known: {}", POLICIES.join(", "));
@@ -174,10 +176,12 @@ impl CompareArgs {
                 max_duration: Duration::from_secs_f64(self.max_duration_s),
                 request_timeout: Duration::from_secs_f64(self.request_timeout_s),
                 max_inflight: self.max_inflight,
+                time_scale,
             },
             slo: Slo { ttft_s: self.slo_ttft_s, attainment: self.slo_attainment },
             settle: Duration::from_secs_f64(self.settle_s),
             drain_limit: Duration::from_secs_f64(self.request_timeout_s.min(120.0)),
+            time_scale,
             progress: !self.no_progress,
         })
     }

@@ -25,6 +25,8 @@ pub struct CompareSpec {
     pub settle: Duration,
     pub drain_limit: Duration,
     pub progress: bool,
+    /// Copied from `run.time_scale` into the report.
+    pub time_scale: f64,
 }
 
 fn bar(len: usize, label: String, show: bool) -> ProgressBar {
@@ -110,6 +112,7 @@ pub async fn compare(
         params,
         slo: spec.slo,
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        time_scale: spec.time_scale,
         passes,
     })
 }

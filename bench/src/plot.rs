@@ -193,6 +193,7 @@ mod tests {
             params: serde_json::Value::Null,
             slo: Slo::default(),
             cores: 2,
+            time_scale: 1.0,
             passes: vec![pass("random", 1.0, 0.5), pass("kvroute", 1.0, 0.02), pass("random", 2.0, 1.0), pass("kvroute", 2.0, 0.03)],
         }
     }

@@ -37,7 +37,14 @@ pub struct RunReport {
     pub params: serde_json::Value,
     pub slo: Slo,
     pub cores: usize,
+    /// The workers' time scale; every time and rate here is in simulated seconds.
+    #[serde(default = "one")]
+    pub time_scale: f64,
     pub passes: Vec<PassResult>,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 fn secs(v: Option<f64>) -> String {
@@ -95,7 +102,8 @@ pub fn table(report: &RunReport) -> String {
     }
     let _ = writeln!(
         out,
-        "times in s; goodput = requests/min with TTFT <= {} s; '!' = fewer than {:.0}% within the SLO; degraded = from response headers[/state-service metric]",
+        "times in simulated s (time scale {}); goodput = requests/min with TTFT <= {} s; '!' = fewer than {:.0}% within the SLO; degraded = from response headers[/state-service metric]",
+        report.time_scale,
         report.slo.ttft_s,
         report.slo.attainment * 100.0
     );
@@ -113,7 +121,7 @@ pub fn markdown(report: &RunReport) -> String {
         let _ = writeln!(out, "| {} |\n|{}", cells(h), "---|".repeat(n));
     }
     for l in lines {
-        if l.starts_with("times in s") {
+        if l.starts_with("times in") {
             let _ = writeln!(out, "\n{l}");
         } else {
             let _ = writeln!(out, "| {} |", cells(l));
@@ -142,6 +150,7 @@ mod tests {
             params: serde_json::json!({}),
             slo: Slo::default(),
             cores: 2,
+            time_scale: 1.0,
             passes: vec![pass("random", 3.0), pass("kvroute", 0.2)],
         };
         let t = table(&r);

@@ -37,6 +37,9 @@ pub struct RunSpec {
     pub max_duration: Duration,
     pub request_timeout: Duration,
     pub max_inflight: usize,
+    /// The workers' time scale: arrival times are multiplied by it and measured times
+    /// divided by it, so rates, latencies and the SLO are all in simulated (GPU) seconds.
+    pub time_scale: f64,
 }
 
 #[derive(Debug, Default)]
@@ -83,7 +86,8 @@ struct Shared {
 }
 
 pub async fn run(workload: &Workload, spec: &RunSpec, bar: ProgressBar) -> PassOutput {
-    let offsets = schedule(workload, spec.arrival, spec.seed);
+    let ts = if spec.time_scale > 0.0 { spec.time_scale } else { 1.0 };
+    let offsets: Vec<f64> = schedule(workload, spec.arrival, spec.seed).into_iter().map(|t| t * ts).collect();
     let client = reqwest::Client::builder().pool_max_idle_per_host(spec.max_inflight).build().unwrap_or_default();
     let shared = Arc::new(Shared {
         client,
@@ -111,8 +115,13 @@ pub async fn run(workload: &Workload, spec: &RunSpec, bar: ProgressBar) -> PassO
     }
     samples.sort_by(|a, b| a.sent_s.total_cmp(&b.sent_s));
     let first = samples.first().map_or(0.0, |s| s.sent_s);
+    for s in &mut samples {
+        s.sent_s /= ts;
+        s.ttft_s = s.ttft_s.map(|t| t / ts);
+        s.e2e_s = s.e2e_s.map(|t| t / ts);
+    }
     PassOutput {
-        duration_s: (end - first).max(0.0),
+        duration_s: (end - first).max(0.0) / ts,
         samples,
         unsent: shared.unsent.load(Ordering::Relaxed),
         inflight_waits: shared.waits.load(Ordering::Relaxed),

@@ -99,7 +99,7 @@ impl Stack {
         wait_http(&format!("{}/readyz", stack.state_url()), Duration::from_secs(30), &mut stack.children).await?;
         let envoy_args: Vec<String> = [
             "-c", &envoy_yaml.display().to_string(), "--concurrency", "1", "--log-level", "warn",
-            "--base-id", &cfg.ports.envoy.to_string(),
+            "--disable-hot-restart",
         ]
         .iter()
         .map(|s| s.to_string())

@@ -40,7 +40,8 @@ pub struct StackArgs {
     /// BASE+100.., their ZMQ sockets on BASE+200...
     #[arg(long, default_value_t = 18000)]
     pub port_base: u16,
-    /// The sims' time scale (0.25 = four times faster than the L40S/27B profile).
+    /// The sims' time scale (0.25 = four times faster than the L40S/27B profile); with
+    /// --attach, say what the running sims use. Reports are in simulated seconds.
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// Where kvroute-sim and kvroute-state are.
@@ -104,7 +105,7 @@ pub async fn run(args: StackArgs) -> Result<()> {
         stack = Some(s);
         (url, c)
     };
-    let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed)?;
+    let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed, args.time_scale)?;
     let params = serde_json::to_value(&args)?;
     let run = compare::compare(&workload, &control, &spec, params, |p| {
         let s = &p.summary;

@@ -124,12 +124,13 @@ impl Summary {
     }
 }
 
-/// A decision is degraded when the filter says it fell back, or labels it so.
+/// A decision is degraded when the filter says it fell back (`x-kvroute-fallback`), or its
+/// `x-kvroute-decision` (`worker=..;policy=..;degraded=<reason>`) names a reason other
+/// than `none`.
 pub fn is_degraded(s: &Sample) -> bool {
     s.fallback.as_deref().is_some_and(|f| !f.is_empty())
         || s.decision.as_deref().is_some_and(|d| {
-            let d = d.to_ascii_lowercase();
-            d.contains("fallback") || d.contains("degraded")
+            d.split(';').filter_map(|kv| kv.trim().split_once('=')).any(|(k, v)| k == "degraded" && v != "none" && !v.is_empty())
         })
 }
 

@@ -62,7 +62,7 @@ pub fn envoy_yaml(cfg: &StackConfig) -> String {
     let endpoints: String = (0..cfg.workers)
         .map(|i| {
             format!(
-                "      - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}\n",
+                "        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}\n",
                 cfg.ports.sim_http as usize + i
             )
         })
@@ -76,6 +76,8 @@ static_resources:
   listeners:
   - name: llm
     address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+    # Above the filter's max_body_bytes, so a long prompt is not a 413 before kvroute sees it.
+    per_connection_buffer_limit_bytes: 16777216
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -98,10 +100,12 @@ static_resources:
                 name: kvroute
                 root_id: kvroute
                 allow_on_headers_stop_iteration: true
+                failure_policy: FAIL_OPEN
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
                   value: {plugin}
                 vm_config:
+                  vm_id: kvroute
                   runtime: envoy.wasm.runtime.v8
                   code: {{local: {{filename: {wasm}}}}}
           - name: envoy.filters.http.router
@@ -119,6 +123,7 @@ static_resources:
   - name: vllm_workers
     type: STATIC
     connect_timeout: 1s
+    per_connection_buffer_limit_bytes: 16777216
     load_balancing_policy:
       policies:
       - typed_extension_config:

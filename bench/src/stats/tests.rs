@@ -50,10 +50,10 @@ fn empty_and_degraded() {
     let mut a = s(Some(0.1), Some(0.2));
     a.fallback = Some("state_unavailable".into());
     let mut b = s(Some(0.1), Some(0.2));
-    b.decision = Some("kvroute".into());
+    b.decision = Some("worker=w2;matched=0;policy=kvroute;degraded=none".into());
     assert!(is_degraded(&a));
     assert!(!is_degraded(&b));
-    b.decision = Some("degraded:tokenizer".into());
+    b.decision = Some("worker=w2;policy=kvroute;degraded=stale_events".into());
     assert!(is_degraded(&b));
 }
 
