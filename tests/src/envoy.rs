@@ -106,11 +106,17 @@ impl Envoy {
         ];
         let mut proc = Proc::spawn("envoy", &paths::envoy()?, &args)?;
         let ready = format!("http://127.0.0.1:{admin_port}/ready");
-        if let Err(e) = wait_http_ok(&ready, Duration::from_secs(60)).await {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        // Envoy exits at once on a rejected config: report that instead of waiting it out.
+        loop {
             proc.check_alive()?;
-            return Err(e.context(format!("envoy log:\n{}", proc.log_tail(4000))));
+            if wait_http_ok(&ready, Duration::from_millis(200)).await.is_ok() {
+                return Ok(Envoy { proc, port, admin_port });
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("envoy not ready after 60 s; log:\n{}", proc.log_tail(4000));
+            }
         }
-        Ok(Envoy { proc, port, admin_port })
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -41,6 +41,8 @@ pub enum PickBehavior {
     Degraded(String),
     /// 200 with bytes that are not a PickResponse.
     Garbage,
+    /// Answer like `Route` to worker `worker`, but only after this many milliseconds.
+    Slow { millis: u64, then: Box<PickBehavior> },
 }
 
 #[derive(Default)]
@@ -115,7 +117,11 @@ impl Drop for FakeState {
 async fn pick(State(s): State<Arc<StateShared>>, body: Bytes) -> Response {
     let Ok(req) = PickRequest::decode(body) else { return StatusCode::BAD_REQUEST.into_response() };
     s.log.lock().picks.push(req);
-    let behavior = s.behavior.lock().clone();
+    let mut behavior = s.behavior.lock().clone();
+    while let PickBehavior::Slow { millis, then } = behavior {
+        tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+        behavior = *then;
+    }
     let resp = match behavior {
         PickBehavior::Route { worker, endpoint, cluster } => {
             let mut id = s.next_id.lock();
@@ -125,6 +131,7 @@ async fn pick(State(s): State<Arc<StateShared>>, body: Bytes) -> Response {
         PickBehavior::Status(code) => return StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR).into_response(),
         PickBehavior::Degraded(reason) => PickResponse { degraded_reason: reason, ..PickResponse::default() },
         PickBehavior::Garbage => return (StatusCode::OK, vec![0xff_u8, 0xff, 0xff]).into_response(),
+        PickBehavior::Slow { .. } => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     };
     ([("content-type", "application/x-protobuf")], resp.encode_to_vec()).into_response()
 }

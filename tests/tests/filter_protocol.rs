@@ -147,7 +147,7 @@ async fn clients_cannot_choose_their_worker() -> Result<()> {
 
 #[tokio::test]
 async fn failures_fall_back_and_are_counted() -> Result<()> {
-    let mut rig = rig(Mode::Endpoint, json!({"max_body_bytes": 4096})).await?;
+    let mut rig = rig(Mode::Endpoint, json!({"max_body_bytes": 4096, "pick_timeout_ms": 1000})).await?;
     let post = |body: Vec<u8>| rig.client.post(rig.envoy.url("/v1/completions")).header("content-type", "application/json").body(body).send();
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"{not json".to_vec(), "unparsable_body"),
@@ -174,6 +174,11 @@ async fn failures_fall_back_and_are_counted() -> Result<()> {
         assert_eq!((r.status().as_u16(), header(&r, "x-kvroute-fallback")), (200, reason.to_string()));
         assert_eq!(rig.envoy.counter(&format!("kvroute_fallback_{reason}")).await?, 1);
     }
+    // Slower than pick_timeout_ms: Envoy's 504, counted as a timeout.
+    rig.state.set_behavior(PickBehavior::Slow { millis: 2500, then: Box::new(route_to(&rig.workers, 0)) });
+    let r = post(serde_json::to_vec(&completion(false))?).await?;
+    assert_eq!((r.status().as_u16(), header(&r, "x-kvroute-fallback")), (200, "pick_timeout".to_string()));
+    assert_eq!(rig.envoy.counter("kvroute_fallback_pick_timeout").await?, 1);
     // Killed: Envoy's pooled connection to it is gone too, so this is a connect failure.
     rig.state.set_behavior(route_to(&rig.workers, 0));
     rig.state.stop().await;
@@ -198,5 +203,21 @@ async fn models_and_other_paths_pass_through_untouched() -> Result<()> {
     let r = rig.client.post(rig.envoy.url("/tokenize")).body("abc").send().await?;
     assert!(r.text().await?.starts_with("other /tokenize on "));
     assert!(rig.state.picks().is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_bad_plugin_config_is_rejected_with_a_clear_log_line() -> Result<()> {
+    let state = FakeState::start(PickBehavior::Status(500)).await?;
+    let worker = FakeWorker::start("A").await?;
+    let started = Envoy::start(EnvoyOptions {
+        mode: Mode::Endpoint,
+        worker_ports: vec![worker.port],
+        state_port: state.port,
+        plugin: json!({"block_size": 0}),
+    })
+    .await;
+    let err = format!("{:#}", started.err().expect("envoy must refuse the filter config"));
+    assert!(err.contains("kvroute: rejecting plugin configuration: `block_size` must be greater than zero"), "{err}");
     Ok(())
 }
