@@ -3,12 +3,17 @@
 //! vLLM numbers batches 0, 1, 2, ... per engine process. A jump forward means we missed
 //! batches (ZMQ drops on a slow or reconnecting subscriber): ask the replay socket. A jump
 //! backwards means the engine process restarted with an empty cache: forget the engine.
+//! Joining a stream mid-way (the first message seen is not seq 0) means the engine already
+//! holds blocks we never heard of: catch up from everything its replay buffer still keeps.
 
 /// What to do with a live message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SeqAction {
-    /// In order (or the first message seen): apply.
+    /// In order (or seq 0 as the first message seen): apply.
     Apply,
+    /// The first message seen has `seq > 0`: replay `0..seq` (what vLLM still buffers), then
+    /// apply this one. Not a gap: nothing was lost, we joined late.
+    CatchUp,
     /// Batches `from..seq` are missing: replay them, then apply this one.
     Gap { from: u64 },
     /// The engine restarted: clear its blocks, then apply.
@@ -42,7 +47,8 @@ impl SeqTracker {
             self.replayed_through = None;
         }
         let action = match self.last {
-            None => SeqAction::Apply,
+            None if seq == 0 => SeqAction::Apply,
+            None => SeqAction::CatchUp,
             Some(last) if seq == last => SeqAction::Duplicate,
             Some(last) if seq < last => SeqAction::Reset,
             Some(last) if seq == last + 1 => SeqAction::Apply,
@@ -60,7 +66,7 @@ mod tests {
     #[test]
     fn classifies_every_case() {
         let mut t = SeqTracker::default();
-        assert_eq!(t.observe(5), SeqAction::Apply, "first message is accepted");
+        assert_eq!(t.observe(5), SeqAction::CatchUp, "joined mid-stream: replay what came before");
         assert_eq!(t.observe(6), SeqAction::Apply);
         assert_eq!(t.observe(6), SeqAction::Duplicate);
         assert_eq!(t.observe(9), SeqAction::Gap { from: 7 });
@@ -68,6 +74,13 @@ mod tests {
         assert_eq!(t.observe(0), SeqAction::Reset);
         assert_eq!(t.observe(1), SeqAction::Apply);
         assert_eq!(t.observe(u64::MAX - 1), SeqAction::Gap { from: 2 });
+    }
+
+    #[test]
+    fn a_stream_seen_from_its_start_needs_no_catch_up() {
+        let mut t = SeqTracker::default();
+        assert_eq!(t.observe(0), SeqAction::Apply);
+        assert_eq!(t.observe(1), SeqAction::Apply);
     }
 
     #[test]

@@ -108,7 +108,16 @@ impl Worker {
                 self.stats.resets.fetch_add(1, Ordering::Relaxed);
                 self.index.clear_engine(self.cfg.engine);
             }
-            SeqAction::Gap { from } => self.recover(from, seq),
+            SeqAction::Gap { from } => {
+                self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                if self.recover(from, seq) {
+                    self.stats.gaps_recovered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            SeqAction::CatchUp => {
+                tracing::info!(seq, "joined the stream mid-way: catching up from the replay buffer");
+                self.recover(0, seq);
+            }
         }
         self.apply_payload(payload);
         self.stats.set_last_seq(seq);
@@ -124,11 +133,11 @@ impl Worker {
         Some((u64::from_be_bytes(seq), payload))
     }
 
-    fn recover(&mut self, from: u64, live: u64) {
-        self.stats.gaps.fetch_add(1, Ordering::Relaxed);
+    /// Replays batches `from..live` into the index; true when the replay completed.
+    fn recover(&mut self, from: u64, live: u64) -> bool {
         let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
-            tracing::warn!(from, live, "sequence gap and no replay endpoint: batches lost");
-            return;
+            tracing::warn!(from, live, "missing batches and no replay endpoint: they are lost");
+            return false;
         };
         self.stats.replays.fetch_add(1, Ordering::Relaxed);
         let ctx = self.ctx.clone();
@@ -145,13 +154,15 @@ impl Worker {
             self.apply_payload(payload);
         });
         match result {
-            Ok(r) if r.complete => {
-                self.stats.gaps_recovered.fetch_add(1, Ordering::Relaxed);
+            Ok(r) if r.complete => true,
+            Ok(r) => {
+                tracing::warn!(from, live, got = r.batches, "replay incomplete: some batches lost");
+                false
             }
-            Ok(r) => tracing::warn!(from, live, got = r.batches, "replay incomplete: some batches lost"),
             Err(e) => {
                 self.stats.replay_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(from, live, error = %e, "replay failed: batches lost");
+                false
             }
         }
     }
