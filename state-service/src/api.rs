@@ -7,6 +7,7 @@
 //! | POST /v1/report | ReportBatch (protobuf, or JSON) | 204 |
 //! | GET /v1/workers | | 200 JSON: load, health, index, events, calibration |
 //! | GET /v1/assignments | | 200 JSON: count and in-flight assignments |
+//! | GET /v1/models | | 200 JSON per model: block size, workers, tokenizer status and cache |
 //! | POST /admin/workers | JSON worker (as in the config file) | 201 / 400 / 409 |
 //! | DELETE /admin/workers/{id} | | 204 / 404 |
 //! | POST /admin/policy | JSON `{"policy": "..."}` | 200 `{"policy": ..., "previous": ...}` |
@@ -21,6 +22,7 @@ mod admin;
 mod codec;
 mod error;
 mod info;
+mod models;
 mod routes;
 
 pub use codec::Format;
@@ -40,6 +42,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/report", post(routes::report))
         .route("/v1/workers", get(info::workers))
         .route("/v1/assignments", get(info::assignments))
+        .route("/v1/models", get(models::models))
         .route("/admin/workers", post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
         .route("/admin/policy", post(admin::set_policy))

@@ -25,6 +25,7 @@ pub fn start(config: Config, index: Arc<dyn KvIndex>) -> Result<AppState, AddWor
 /// [`start`] with a shared store (the Redis store passes its mirrored index as `index`).
 pub fn start_with_store(config: Config, index: Arc<dyn KvIndex>, store: Arc<dyn SharedStore>) -> Result<AppState, AddWorkerError> {
     let state = AppState::with_store(config, index, store)?;
+    state.tokenization.preload(state.registry.read().all().iter().map(|w| w.config.model.clone()).collect());
     state.set_worker_tasks(Arc::new(Feeds));
     let sweeper = state.clone();
     tokio::spawn(async move {

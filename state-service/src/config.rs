@@ -10,7 +10,7 @@ mod file;
 mod validate;
 
 pub use cli::Cli;
-pub use file::{Config, ModelConfig, Priors, Timeouts, WorkerConfig};
+pub use file::{Config, ModelConfig, Priors, Timeouts, Tokenization, WorkerConfig};
 pub use validate::ConfigError;
 
 use crate::score::Policy;
@@ -46,6 +46,9 @@ impl Config {
         if let Some(token) = &cli.admin_token {
             config.admin_token = Some(token.clone());
         }
+        if let Some(dir) = &cli.tokenizer_dir {
+            config.tokenization.default_tokenizer_dir = Some(dir.clone());
+        }
         config.validate()?;
         Ok(config)
     }
@@ -53,6 +56,14 @@ impl Config {
     /// The block size kvroute keys of `model` are cut with.
     pub fn block_size(&self, model: &str) -> u32 {
         self.models.get(model).and_then(|m| m.block_size).unwrap_or(file::DEFAULT_BLOCK_SIZE)
+    }
+
+    /// Where `model`'s tokenizer files are: its own `tokenizer_dir`, else the default.
+    pub fn tokenizer_dir(&self, model: &str) -> Option<&Path> {
+        self.models
+            .get(model)
+            .and_then(|m| m.tokenizer_dir.as_deref())
+            .or(self.tokenization.default_tokenizer_dir.as_deref())
     }
 
     /// The policy in force at start-up.

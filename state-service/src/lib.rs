@@ -17,4 +17,5 @@ pub mod report;
 pub mod score;
 pub mod state;
 pub mod store;
+pub mod tokenize;
 pub mod types;

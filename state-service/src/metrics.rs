@@ -8,7 +8,10 @@
 pub mod fleet;
 mod labels;
 
-pub use labels::{DegradedReason, ExpiryKind, PickLabels, PickOutcome, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel};
+pub use labels::{
+    DegradedReason, ExpiryKind, PickLabels, PickOutcome, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel, TokenizationLabels,
+    TokenizationPathLabel, TokenizeFailure, TokenizeFailureLabels,
+};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -39,6 +42,12 @@ pub struct Metrics {
     pub matched_prefix_ratio: Histogram,
     /// Assignments in flight.
     pub assignments_in_flight: Gauge,
+    /// Picks by how their prompt became keys (the response's `tokenization`).
+    pub tokenization: Family<TokenizationLabels, Counter>,
+    /// Tokenization attempts that gave no ids, by path and reason.
+    pub tokenization_failures: Family<TokenizeFailureLabels, Counter>,
+    /// Time to tokenize a prompt and cut its keys (local and worker paths), seconds.
+    pub tokenize_latency: Family<TokenizationLabels, Histogram>,
 }
 
 impl Default for Metrics {
@@ -62,6 +71,9 @@ impl Metrics {
             ttft_error_ratio: Histogram::new([0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0]),
             matched_prefix_ratio: Histogram::new([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]),
             assignments_in_flight: Gauge::default(),
+            tokenization: Family::default(),
+            tokenization_failures: Family::default(),
+            tokenize_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))),
             registry: PromRegistry::default(),
         };
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
@@ -74,6 +86,9 @@ impl Metrics {
         registry.register("ttft_error_ratio", "Actual over predicted TTFT", m.ttft_error_ratio.clone());
         registry.register("matched_prefix_ratio", "Matched over total prompt blocks of the chosen worker", m.matched_prefix_ratio.clone());
         registry.register("assignments_in_flight", "Assignments not yet completed, cancelled or expired", m.assignments_in_flight.clone());
+        registry.register("tokenization", "Picks by how the prompt became keys", m.tokenization.clone());
+        registry.register("tokenization_failures", "Tokenization attempts without ids, by path and reason", m.tokenization_failures.clone());
+        registry.register("tokenize_seconds", "Time to tokenize a prompt, by path", m.tokenize_latency.clone());
         Metrics { registry, ..m }
     }
 
@@ -99,6 +114,10 @@ impl Metrics {
         if n > 0 {
             self.assignments_expired.get_or_create(&labels::ExpiryLabels { ttl }).inc_by(n);
         }
+    }
+
+    pub fn count_tokenize_failure(&self, path: TokenizationPathLabel, reason: TokenizeFailure) {
+        self.tokenization_failures.get_or_create(&TokenizeFailureLabels { path, reason }).inc();
     }
 
     pub fn count_degraded(&self, reason: DegradedReason) {

@@ -9,11 +9,12 @@
 
 pub mod choose;
 pub mod prompt;
+pub mod tokenized;
 
 pub use prompt::PromptView;
 
 use crate::assign::{Assignment, AssignmentId};
-use crate::metrics::{DegradedReason, PickLabels, PickOutcome};
+use crate::metrics::{DegradedReason, PickLabels, PickOutcome, TokenizationLabels, TokenizationPathLabel};
 use crate::registry::WorkerEntry;
 use crate::score::{predict, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
@@ -34,22 +35,30 @@ pub struct Candidate {
     pub prediction: Prediction,
 }
 
-/// Decides where `req` goes and records the assignment.
+/// Decides where `req` goes and records the assignment, without tokenizing text or chat
+/// prompts (they use text chunks; [`tokenized::pick`] is the API's path).
 pub fn pick(state: &AppState, req: &PickRequest) -> PickResponse {
+    pick_with(state, req, None)
+}
+
+/// [`pick`] with the prompt already resolved (`None`: from the request as it is).
+pub fn pick_with(state: &AppState, req: &PickRequest, prompt: Option<PromptView>) -> PickResponse {
     let started = std::time::Instant::now();
     let policy = *state.policy.read();
-    let response = decide(state, policy, req);
+    let response = decide(state, policy, req, prompt);
     let outcome = match (response.worker_id.is_empty(), response.degraded_reason.is_empty()) {
         (true, _) => PickOutcome::Fallback,
         (false, true) => PickOutcome::Routed,
         (false, false) => PickOutcome::Degraded,
     };
     state.metrics.picks.get_or_create(&PickLabels { policy, outcome }).inc();
+    let path = tokenization_label(response.tokenization);
+    state.metrics.tokenization.get_or_create(&TokenizationLabels { path }).inc();
     state.metrics.pick_latency.observe(started.elapsed().as_secs_f64());
     response
 }
 
-fn decide(state: &AppState, policy: Policy, req: &PickRequest) -> PickResponse {
+fn decide(state: &AppState, policy: Policy, req: &PickRequest, prompt: Option<PromptView>) -> PickResponse {
     let workers = state.registry.read().for_model(&req.model);
     if workers.is_empty() {
         return fallback(state, policy, req, DegradedReason::UnknownModel);
@@ -58,7 +67,7 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest) -> PickResponse {
     if healthy.is_empty() {
         return fallback(state, policy, req, DegradedReason::NoHealthyWorker);
     }
-    let prompt = PromptView::new(req, healthy[0].block_size, state.config.text_chunk_bytes);
+    let prompt = prompt.unwrap_or_else(|| PromptView::new(req, healthy[0].block_size, state.config.text_chunk_bytes));
     let now = Instant::now();
     let candidates = candidates(state, healthy, &prompt, now);
     let chosen = &candidates[choose::choose(state, policy, &candidates, &prompt)];
@@ -102,6 +111,16 @@ fn tokenization(policy: Policy, prompt: &PromptView) -> TokenizationPath {
     match policy {
         Policy::Kvroute | Policy::ApproxPrefix if !prompt.keys.is_empty() => prompt.tokenization,
         _ => TokenizationPath::TokenizationNone,
+    }
+}
+
+fn tokenization_label(path: i32) -> TokenizationPathLabel {
+    match TokenizationPath::try_from(path).unwrap_or(TokenizationPath::TokenizationNone) {
+        TokenizationPath::TokenizationExactTokenIds => TokenizationPathLabel::ExactTokenIds,
+        TokenizationPath::TokenizationLocal => TokenizationPathLabel::Local,
+        TokenizationPath::TokenizationWorker => TokenizationPathLabel::Worker,
+        TokenizationPath::TokenizationTextChunks => TokenizationPathLabel::TextChunks,
+        TokenizationPath::TokenizationNone | TokenizationPath::TokenizationUnspecified => TokenizationPathLabel::None,
     }
 }
 

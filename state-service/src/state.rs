@@ -12,6 +12,7 @@ use crate::metrics::{fleet::FleetCollector, ExpiryKind, Metrics};
 use crate::registry::{Registry, RegistryError, WorkerEntry};
 use crate::score::{ApproxMap, Calibration, Policy};
 use crate::store::{memory::MemoryStore, SharedStore};
+use crate::tokenize::{collector::TokenizerCollector, Tokenization};
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -41,6 +42,8 @@ pub struct Shared {
     pub scraper: Scraper,
     /// Where shared state goes (memory: nowhere; redis: other replicas).
     pub store: Arc<dyn SharedStore>,
+    /// Text/chat prompts -> token ids (local tokenizers, worker `/tokenize`).
+    pub tokenization: Tokenization,
     tasks: Mutex<Option<Arc<dyn WorkerTasks>>>,
 }
 
@@ -83,6 +86,8 @@ impl AppState {
         if let Some(collector) = store.collector() {
             metrics.register_collector(collector);
         }
+        let tokenization = Tokenization::new(&config);
+        metrics.register_collector(Box::new(TokenizerCollector { local: tokenization.local.clone() }));
         let rng = match config.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_entropy(),
@@ -105,6 +110,7 @@ impl AppState {
             metrics,
             scraper,
             store,
+            tokenization,
             tasks: Mutex::new(None),
             config,
         };

@@ -11,7 +11,7 @@ use kvroute_core::wire::{PickRequest, ReportBatch};
 pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let format = Format::from_headers(&headers)?;
     let request: PickRequest = format.decode(&body, "PickRequest")?;
-    let response = crate::pick::pick(&state, &request);
+    let response = crate::pick::tokenized::pick(&state, &request).await;
     Ok(format.respond(&response))
 }
 

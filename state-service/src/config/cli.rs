@@ -22,4 +22,7 @@ pub struct Cli {
     /// Overrides `admin_token`.
     #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Overrides `tokenization.default_tokenizer_dir` (models without their own `tokenizer_dir`).
+    #[arg(long, env = "KVROUTE_TOKENIZER_DIR")]
+    pub tokenizer_dir: Option<PathBuf>,
 }

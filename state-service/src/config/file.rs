@@ -5,6 +5,7 @@ use crate::store::{RedisConfig, StoreKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// vLLM's default `--block-size`.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -24,6 +25,9 @@ pub struct Config {
     pub approx_capacity: usize,
     /// Consecutive failed scrapes after which a worker is taken out of picks.
     pub unhealthy_after: u32,
+    /// kvroute policy: TTFT predictions within this fraction of the fastest count as tied,
+    /// and the tie goes to the worker with the longest cached prefix (score::select).
+    pub affinity_tolerance: f64,
     pub timeouts: Timeouts,
     /// Defaults for every worker's cost model; a worker may override them.
     pub priors: Priors,
@@ -32,6 +36,8 @@ pub struct Config {
     /// `memory` (default) or `redis` (several replicas act as one; see `[redis]`).
     pub store: StoreKind,
     pub redis: RedisConfig,
+    /// How text and chat prompts become token ids (local tokenizer, worker `/tokenize`).
+    pub tokenization: Tokenization,
 }
 
 impl Default for Config {
@@ -44,12 +50,14 @@ impl Default for Config {
             text_chunk_bytes: kvroute_core::keys::DEFAULT_TEXT_CHUNK_BYTES as u32,
             approx_capacity: 100_000,
             unhealthy_after: 3,
+            affinity_tolerance: 0.1,
             timeouts: Timeouts::default(),
             priors: Priors::default(),
             models: BTreeMap::new(),
             workers: Vec::new(),
             store: StoreKind::Memory,
             redis: RedisConfig::default(),
+            tokenization: Tokenization::default(),
         }
     }
 }
@@ -108,6 +116,44 @@ impl Default for Priors {
 pub struct ModelConfig {
     /// vLLM's `--block-size` for this model; every worker of the model must use it.
     pub block_size: Option<u32>,
+    /// Directory with the model's `tokenizer.json` and `tokenizer_config.json` (chat
+    /// template). Defaults to `tokenization.default_tokenizer_dir`. A missing or broken
+    /// directory does not stop the service: the model's picks use the next tokenization path.
+    pub tokenizer_dir: Option<PathBuf>,
+}
+
+/// Tokenization of text and chat prompts, tried in order: the local tokenizer, the worker's
+/// `/tokenize`, then approximate text-chunk keys.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tokenization {
+    /// Tokenizer of every model without its own `tokenizer_dir` (`--tokenizer-dir`,
+    /// `KVROUTE_TOKENIZER_DIR`).
+    pub default_tokenizer_dir: Option<PathBuf>,
+    /// Bound of each model's piece cache (warm conversation turns encode only new text).
+    pub cache_bytes: usize,
+    /// Prompts up to this size are tokenized on the request's task; larger ones on tokio's
+    /// blocking pool, so a cold long prompt never stalls the runtime.
+    pub inline_max_bytes: usize,
+    /// Ask a worker's vLLM `/tokenize` when the local tokenizer cannot help.
+    pub worker_fallback: bool,
+    /// Bound of one worker `/tokenize` call; it sits on the pick's critical path.
+    pub worker_timeout_ms: u64,
+    /// After a failed worker call, skip the worker path of that model for this long.
+    pub worker_retry_ms: u64,
+}
+
+impl Default for Tokenization {
+    fn default() -> Self {
+        Tokenization {
+            default_tokenizer_dir: None,
+            cache_bytes: 64 << 20,
+            inline_max_bytes: 4096,
+            worker_fallback: true,
+            worker_timeout_ms: 25,
+            worker_retry_ms: 1000,
+        }
+    }
 }
 
 /// One vLLM server. With data parallelism it runs `dp_ranks` engines, rank r publishing on

@@ -58,6 +58,9 @@ impl Config {
         if self.text_chunk_bytes == 0 {
             return Err(invalid("text_chunk_bytes", "must be > 0"));
         }
+        if !(0.0..=1.0).contains(&self.affinity_tolerance) {
+            return Err(invalid("affinity_tolerance", "must be between 0 and 1"));
+        }
         if self.unhealthy_after == 0 {
             return Err(invalid("unhealthy_after", "must be > 0"));
         }
@@ -72,6 +75,23 @@ impl Config {
             if m.block_size == Some(0) {
                 return Err(invalid(format!("models.{model}.block_size"), "must be > 0"));
             }
+            if m.tokenizer_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+                return Err(invalid(format!("models.{model}.tokenizer_dir"), "must not be empty (omit it to use tokenization.default_tokenizer_dir)"));
+            }
+        }
+        self.validate_tokenization()
+    }
+
+    fn validate_tokenization(&self) -> Result<(), ConfigError> {
+        let t = &self.tokenization;
+        if t.default_tokenizer_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            return Err(invalid("tokenization.default_tokenizer_dir", "must not be empty (omit it for no default tokenizer)"));
+        }
+        if t.cache_bytes == 0 {
+            return Err(invalid("tokenization.cache_bytes", "must be > 0"));
+        }
+        if t.worker_timeout_ms == 0 {
+            return Err(invalid("tokenization.worker_timeout_ms", "must be > 0 (set worker_fallback = false to disable the worker path)"));
         }
         Ok(())
     }
@@ -183,6 +203,18 @@ mod tests {
     fn block_sizes_must_agree_per_model() {
         let text = "[[workers]]\nid = \"a\"\nmodel = \"m\"\nblock_size = 16\n[[workers]]\nid = \"b\"\nmodel = \"m\"\nblock_size = 32\n";
         assert!(Config::from_toml(text).unwrap_err().to_string().contains("differs"));
+    }
+
+    #[test]
+    fn tokenizer_settings_are_checked_but_a_missing_dir_is_not_an_error() {
+        let empty = "[models.\"m\"]\ntokenizer_dir = \"\"\n";
+        assert!(Config::from_toml(empty).unwrap_err().to_string().contains("models.m.tokenizer_dir: must not be empty"));
+        let zero = "[tokenization]\nworker_timeout_ms = 0\n";
+        assert!(Config::from_toml(zero).unwrap_err().to_string().starts_with("tokenization.worker_timeout_ms"));
+        let missing = "[tokenization]\ndefault_tokenizer_dir = \"/nonexistent\"\n[models.\"m\"]\ntokenizer_dir = \"/also/missing\"\n";
+        let c = Config::from_toml(missing).expect("a missing dir degrades at run time, it is not a config error");
+        assert_eq!(c.tokenizer_dir("m"), Some(std::path::Path::new("/also/missing")));
+        assert_eq!(c.tokenizer_dir("other"), Some(std::path::Path::new("/nonexistent")));
     }
 
     #[test]

@@ -42,6 +42,47 @@ label_enum!(
 );
 
 label_enum!(
+    /// How a pick's prompt became keys; mirrors the response's `tokenization`.
+    TokenizationPathLabel {
+        /// The client sent token ids; the filter computed the keys.
+        ExactTokenIds => "exact_token_ids",
+        /// The state service's tokenizer and chat template.
+        Local => "local",
+        /// The worker's vLLM `/tokenize`.
+        Worker => "worker",
+        /// Approximate text-chunk keys.
+        TextChunks => "text_chunks",
+        /// No keys: load only.
+        None => "none",
+    }
+);
+
+label_enum!(
+    /// Why a tokenization path gave no token ids (the pick then tried the next path).
+    TokenizeFailure {
+        /// No tokenizer for the model (not configured, or its files failed to load).
+        Unavailable => "unavailable",
+        /// The prompt has images/audio: vLLM's placeholder tokens are not reproduced.
+        Media => "media",
+        /// The prompt JSON was not a chat the template accepts.
+        Input => "input",
+        /// The chat template failed or the feature is unsupported.
+        Template => "template",
+        Encode => "encode",
+        /// No healthy worker with an HTTP endpoint to ask.
+        NoEndpoint => "no_endpoint",
+        /// A recent worker call failed; the worker path is skipped for a while.
+        Backoff => "backoff",
+        Timeout => "timeout",
+        Connect => "connect",
+        /// The worker answered a non-2xx status.
+        Status => "status",
+        /// The worker's answer had no `tokens` array.
+        Body => "body",
+    }
+);
+
+label_enum!(
     PickOutcome {
         /// A worker was chosen with full information.
         Routed => "routed",
@@ -106,4 +147,15 @@ pub struct ReportLabels {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ExpiryLabels {
     pub ttl: ExpiryKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TokenizationLabels {
+    pub path: TokenizationPathLabel,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TokenizeFailureLabels {
+    pub path: TokenizationPathLabel,
+    pub reason: TokenizeFailure,
 }

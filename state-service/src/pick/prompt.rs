@@ -44,6 +44,19 @@ impl PromptView {
         }
     }
 
+    /// Exact keys of token ids the state service computed (`path`: local or worker).
+    /// Worker-tokenized prompts are exact but degraded: the local tokenizer was unavailable.
+    pub fn from_ids(keys: Vec<BlockKey>, tokens: usize, block_size: u32, path: TokenizationPath) -> PromptView {
+        PromptView {
+            keys,
+            exact: true,
+            prompt_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+            tokens_per_key: block_size,
+            tokenization: path,
+            limitation: (path != TokenizationPath::TokenizationLocal).then_some(DegradedReason::TokenizerUnavailable),
+        }
+    }
+
     fn tokens(req: &PickRequest, block_size: u32) -> PromptView {
         let mismatch = req.block_size != 0 && req.block_size != block_size;
         let keys: Vec<BlockKey> = if mismatch { Vec::new() } else { req.token_keys.iter().map(|k| BlockKey(*k)).collect() };

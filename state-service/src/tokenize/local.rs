@@ -1,0 +1,156 @@
+//! The state service's own tokenizers, one per model, loaded from the configured directory.
+//!
+//! A model's tokenizer is loaded at most once (eagerly in the background at start-up, or by
+//! the first pick that needs it, on the blocking pool). A missing or broken directory is not
+//! fatal: it is logged once, counted, shown in `/v1/models`, and that model's picks use the
+//! next tokenization path. Loading is not retried: fixing the files needs a restart, which is
+//! also when vLLM itself would pick up a new tokenizer.
+
+use kvroute_tokenize::{CacheStats, ModelTokenizer, TokenizerOptions};
+use parking_lot::RwLock;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// The outcome of loading one model's tokenizer.
+type Loaded = Result<Arc<ModelTokenizer>, String>;
+
+struct Slot {
+    dir: Option<PathBuf>,
+    loaded: OnceLock<Loaded>,
+}
+
+/// What a pick can get right now without blocking.
+pub enum Lookup {
+    Ready(Arc<ModelTokenizer>),
+    /// Configured but not loaded yet: call [`LocalTokenizers::load`] off the runtime.
+    NeedsLoad,
+    /// Not configured, or loading failed.
+    Unavailable,
+}
+
+/// A model's tokenizer as `/v1/models` and the metrics show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TokenizerStatus {
+    /// `loaded`, `failed`, `not_loaded` (configured, not yet needed) or `not_configured`.
+    pub status: &'static str,
+    pub dir: Option<String>,
+    pub error: Option<String>,
+    pub cache: Option<CacheView>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CacheView {
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
+    pub bytes: u64,
+    pub entries: u64,
+    pub capacity_bytes: u64,
+}
+
+impl From<CacheStats> for CacheView {
+    fn from(s: CacheStats) -> Self {
+        CacheView {
+            hits: s.hits,
+            misses: s.misses,
+            hit_bytes: s.hit_bytes,
+            miss_bytes: s.miss_bytes,
+            bytes: s.bytes,
+            entries: s.entries,
+            capacity_bytes: s.capacity_bytes,
+        }
+    }
+}
+
+pub struct LocalTokenizers {
+    models: RwLock<HashMap<String, Arc<Slot>>>,
+    /// Directories by model, as configured (own `tokenizer_dir`, else the default).
+    dirs: BTreeMap<String, PathBuf>,
+    default_dir: Option<PathBuf>,
+    cache_bytes: usize,
+    load_failures: AtomicU64,
+}
+
+impl LocalTokenizers {
+    pub fn new(config: &crate::config::Config) -> LocalTokenizers {
+        let dirs = config.models.iter().filter_map(|(m, c)| c.tokenizer_dir.clone().map(|d| (m.clone(), d))).collect();
+        LocalTokenizers {
+            models: RwLock::new(HashMap::new()),
+            dirs,
+            default_dir: config.tokenization.default_tokenizer_dir.clone(),
+            cache_bytes: config.tokenization.cache_bytes,
+            load_failures: AtomicU64::new(0),
+        }
+    }
+
+    fn slot(&self, model: &str) -> Arc<Slot> {
+        if let Some(slot) = self.models.read().get(model) {
+            return slot.clone();
+        }
+        let dir = self.dirs.get(model).cloned().or_else(|| self.default_dir.clone());
+        let slot = Arc::new(Slot { dir, loaded: OnceLock::new() });
+        self.models.write().entry(model.to_string()).or_insert(slot).clone()
+    }
+
+    pub fn lookup(&self, model: &str) -> Lookup {
+        let slot = self.slot(model);
+        match (&slot.dir, slot.loaded.get()) {
+            (None, _) | (_, Some(Err(_))) => Lookup::Unavailable,
+            (Some(_), Some(Ok(t))) => Lookup::Ready(t.clone()),
+            (Some(_), None) => Lookup::NeedsLoad,
+        }
+    }
+
+    /// Loads `model`'s tokenizer if it has not been tried yet. Blocks (reads and parses the
+    /// files, ~0.1-1 s): call from the blocking pool.
+    pub fn load(&self, model: &str) -> Option<Arc<ModelTokenizer>> {
+        let slot = self.slot(model);
+        let dir = slot.dir.as_ref()?;
+        let loaded = slot.loaded.get_or_init(|| {
+            let options = TokenizerOptions { cache_bytes: self.cache_bytes, ..Default::default() };
+            match ModelTokenizer::from_dir_with(dir, options) {
+                Ok(t) => {
+                    tracing::info!(model, dir = %dir.display(), "tokenizer loaded");
+                    Ok(Arc::new(t))
+                }
+                Err(e) => {
+                    self.load_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(model, dir = %dir.display(), error = %e,
+                        "cannot load tokenizer: chat/text picks of this model use the worker's /tokenize or text chunks");
+                    Err(e.to_string())
+                }
+            }
+        });
+        loaded.as_ref().ok().cloned()
+    }
+
+    pub fn load_failures(&self) -> u64 {
+        self.load_failures.load(Ordering::Relaxed)
+    }
+
+    /// Every model seen so far or configured, with its status.
+    pub fn statuses(&self, also: impl IntoIterator<Item = String>) -> BTreeMap<String, TokenizerStatus> {
+        let mut names: Vec<String> = self.dirs.keys().cloned().chain(self.models.read().keys().cloned()).chain(also).collect();
+        names.sort();
+        names.dedup();
+        names.into_iter().map(|m| {
+            let status = self.status(&m);
+            (m, status)
+        }).collect()
+    }
+
+    pub fn status(&self, model: &str) -> TokenizerStatus {
+        let slot = self.slot(model);
+        let dir = slot.dir.as_ref().map(|d| d.display().to_string());
+        let (status, error, cache) = match (&slot.dir, slot.loaded.get()) {
+            (None, _) => ("not_configured", None, None),
+            (Some(_), None) => ("not_loaded", None, None),
+            (Some(_), Some(Ok(t))) => ("loaded", None, Some(CacheView::from(t.cache_stats()))),
+            (Some(_), Some(Err(e))) => ("failed", Some(e.clone()), None),
+        };
+        TokenizerStatus { status, dir, error, cache }
+    }
+}
