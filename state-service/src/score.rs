@@ -16,7 +16,7 @@ pub mod select;
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
 pub use model::{predict, Cost, Features, LoadView, Prediction};
-pub use select::{pick_min, Scored};
+pub use select::{pick_fastest, pick_min, Scored, Timed};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,7 +1,7 @@
 //! The one place policies differ: which candidate to take.
 
 use super::{Candidate, PromptView};
-use crate::score::{pick_min, Policy, Scored};
+use crate::score::{pick_fastest, pick_min, Policy, Scored, Timed};
 use crate::state::AppState;
 use rand::Rng;
 use std::sync::atomic::Ordering;
@@ -19,7 +19,13 @@ pub fn choose(state: &AppState, policy: Policy, candidates: &[Candidate], prompt
             let learned = state.approx.lock().matches(&prompt.keys);
             candidates.iter().map(|c| by_load(c, -f64::from(learned.get(&c.worker.id).copied().unwrap_or(0)))).collect()
         }
-        Policy::Kvroute => candidates.iter().map(|c| by_load(c, c.prediction.ttft_ms)).collect(),
+        Policy::Kvroute => {
+            let timed: Vec<Timed> = candidates
+                .iter()
+                .map(|c| Timed { ttft_ms: c.prediction.ttft_ms, matched_blocks: c.matched, load: c.load.outstanding() })
+                .collect();
+            return pick_fastest(&timed, state.config.affinity_tolerance, &mut *state.rng.lock()).unwrap_or(0);
+        }
     };
     pick_min(&scored, &mut *state.rng.lock()).unwrap_or(0)
 }

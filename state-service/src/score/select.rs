@@ -2,6 +2,13 @@
 //!
 //! Scores within [`TIE_MS`] of each other count as equal: float noise must not decide
 //! placement, load should.
+//!
+//! The kvroute policy ([`pick_fastest`]) widens the tie: TTFT predictions are estimates, and
+//! within their error the worker that reuses the longest cached prefix is the better bet for
+//! the fleet. The typical case is a burst sharing a new prefix: the second request predicts
+//! about the same TTFT on the worker prefilling that prefix (it waits, then reuses it) as on
+//! an idle worker (which recomputes it). Sending it to the idle worker wastes a whole prefill
+//! and scatters the group; keeping it costs at most `tolerance` of its TTFT.
 
 use rand::Rng;
 
@@ -28,6 +35,33 @@ pub fn pick_min<R: Rng + ?Sized>(candidates: &[Scored], rng: &mut R) -> Option<u
     Some(tied[rng.gen_range(0..tied.len())])
 }
 
+/// A kvroute candidate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timed {
+    pub ttft_ms: f64,
+    /// Leading prompt blocks it holds (same prompt for every candidate, so comparable).
+    pub matched_blocks: u32,
+    pub load: u64,
+}
+
+/// Index of the candidate with the lowest predicted TTFT, where every prediction within
+/// `tolerance` (relative, e.g. 0.1 = 10%) of the lowest counts as tied; ties go to the most
+/// matched blocks, then the least load, then random.
+pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Timed], tolerance: f64, rng: &mut R) -> Option<usize> {
+    let best = candidates.iter().map(|c| c.ttft_ms).fold(f64::INFINITY, f64::min);
+    let limit = best * (1.0 + tolerance.max(0.0)) + TIE_MS;
+    let near = |c: &&Timed| c.ttft_ms <= limit || (best.is_infinite() && c.ttft_ms.is_infinite());
+    let most_matched = candidates.iter().filter(near).map(|c| c.matched_blocks).max()?;
+    let scored: Vec<Scored> = candidates
+        .iter()
+        .map(|c| {
+            let eligible = near(&c) && c.matched_blocks == most_matched;
+            Scored { score: if eligible { 0.0 } else { f64::INFINITY }, load: c.load }
+        })
+        .collect();
+    pick_min(&scored, rng)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +81,24 @@ mod tests {
         let seen: BTreeSet<usize> =
             (0..64).filter_map(|_| pick_min(&[s(1.0, 1), s(2.0, 0), s(1.0, 1), s(1.0, 1)], &mut rng)).collect();
         assert_eq!(seen, BTreeSet::from([0, 2, 3]));
+    }
+
+    fn t(ttft_ms: f64, matched_blocks: u32, load: u64) -> Timed {
+        Timed { ttft_ms, matched_blocks, load }
+    }
+
+    #[test]
+    fn near_ties_go_to_the_longest_cached_prefix() {
+        let mut rng = StdRng::seed_from_u64(3);
+        // The warm worker is 5% slower: within 10%, it keeps the prefix's group together.
+        assert_eq!(pick_fastest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.1, &mut rng), Some(1));
+        // 20% slower is beyond the tolerance: the fastest wins.
+        assert_eq!(pick_fastest(&[t(1000.0, 0, 0), t(1200.0, 375, 1)], 0.1, &mut rng), Some(0));
+        // No tolerance: plain fastest.
+        assert_eq!(pick_fastest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.0, &mut rng), Some(0));
+        // Equal match: load decides among the near ones.
+        assert_eq!(pick_fastest(&[t(1000.0, 3, 5), t(1020.0, 3, 1), t(5000.0, 9, 0)], 0.1, &mut rng), Some(1));
+        assert_eq!(pick_fastest(&[], 0.1, &mut rng), None);
     }
 
     #[test]
