@@ -78,6 +78,7 @@ impl HttpFilter {
             if self.meta.request_id.is_empty() { Vec::new() } else { vec![("x-request-id", self.meta.request_id.as_str())] };
         match host::post(&c.state_cluster, &c.state_authority, &c.pick_path, &pick, c.pick_timeout, &extra) {
             Ok(token) => {
+                host::increment(self.shared.metrics.picks);
                 self.phase = Phase::Picking { token, sent_ms: host::now_ms() };
                 Action::Pause
             }

@@ -11,6 +11,8 @@ use proxy_wasm::types::MetricType;
 pub struct Metrics {
     /// Requests on an LLM path (routed or not).
     pub llm_requests: Option<u32>,
+    /// Pick calls dispatched to the state service.
+    pub picks: Option<u32>,
     /// Requests sent to a worker the state service picked.
     pub routed: Option<u32>,
     /// Requests that fell back to the default route, one counter per reason.
@@ -34,6 +36,7 @@ impl Metrics {
         }
         Metrics {
             llm_requests: counter("kvroute_llm_requests"),
+            picks: counter("kvroute_picks"),
             routed: counter("kvroute_routed"),
             fallbacks,
             pick_latency_ms: host::define_metric(MetricType::Histogram, "kvroute_pick_latency_ms"),

@@ -46,7 +46,7 @@ impl Stack {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let mut sim = Proc::spawn("sim", &paths::workspace_bin("kvroute-sim")?, &sim_args)?;
+        let mut sim = Proc::spawn("sim", &paths::workspace_bin("kvroute-sim", "kvroute-sim")?, &sim_args)?;
         for i in 0..n {
             if let Err(e) = wait_http_ok(&format!("http://127.0.0.1:{}/health", http_base + i), Duration::from_secs(60)).await {
                 sim.check_alive()?;
@@ -83,7 +83,7 @@ impl Stack {
     /// Starts (or restarts) the state service and waits until every worker is healthy.
     pub async fn start_state(&mut self) -> Result<()> {
         let args = vec!["--config".to_string(), self.state_config.display().to_string()];
-        let mut proc = Proc::spawn("state", &paths::workspace_bin("kvroute-state")?, &args)?;
+        let mut proc = Proc::spawn("state", &paths::workspace_bin("kvroute-state", "kvroute-state")?, &args)?;
         let url = self.state_url("/readyz");
         let ready = wait_http_ok(&url, Duration::from_secs(60)).await;
         if let Err(e) = ready {

@@ -74,6 +74,8 @@ async fn endpoint_mode_routes_to_the_pick_and_reports() -> Result<()> {
     let complete = reports.iter().find(|r| r.kind == ReportKind::ReportComplete as i32).unwrap();
     assert_eq!((complete.prompt_tokens, complete.completion_tokens, complete.status), (21, 3, 200));
     assert_eq!(rig.envoy.counter("kvroute_routed").await?, 4);
+    assert_eq!(rig.envoy.counter("kvroute_picks").await?, 4);
+    assert_eq!(rig.envoy.counter("kvroute_llm_requests").await?, 4);
     Ok(())
 }
 
