@@ -162,11 +162,10 @@ async fn models_and_non_llm_paths_pass_through_unchanged() -> Result<()> {
     Ok(())
 }
 
-/// Chat prompts need the state service to tokenize them (model tokenizer + chat template) or to
-/// match the filter's text-chunk keys against what it routed before. Today it answers
-/// `degraded=tokenizer_unavailable` with `matched=0`, so turn two is placed by load alone.
+/// Chat prompts: the filter sends the messages (and text-chunk keys); the state service keys
+/// them (its tokenizer, the worker's `/tokenize`, or text chunks) and keeps the conversation on
+/// turn one's worker. `chat_exact.rs` checks the exact block counts with a real tokenizer.
 #[tokio::test]
-#[ignore = "state service: no chat tokenization / text-chunk learning yet (degraded=tokenizer_unavailable, matched=0)"]
 async fn chat_conversation_turn_two_follows_turn_one() -> Result<()> {
     let s = stack(Mode::Endpoint, 3).await?;
     let system = "You are a careful assistant for the kvroute project. ".repeat(30);
