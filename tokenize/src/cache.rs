@@ -1,4 +1,5 @@
-//! A bounded, sharded cache of encoded prompt pieces, keyed by a 128-bit hash of the text.
+//! A bounded, sharded cache keyed by a 128-bit hash: encoded prompt pieces (ids keyed by the
+//! hash of their text) and, in [`crate::prefix`], rendered conversation prefixes.
 //!
 //! Eviction is generational (an LRU approximation with O(1) work and no per-entry links): each
 //! shard has a `young` and an `old` map. Inserts go to `young`; a hit in `old` moves the entry
@@ -43,15 +44,20 @@ pub struct CacheStats {
     pub capacity_bytes: u64,
 }
 
-#[derive(Default)]
-struct Shard {
-    young: HashMap<PieceHash, (Arc<[u32]>, usize)>,
-    old: HashMap<PieceHash, (Arc<[u32]>, usize)>,
+struct Shard<V> {
+    young: HashMap<PieceHash, (V, usize)>,
+    old: HashMap<PieceHash, (V, usize)>,
     young_bytes: usize,
     old_bytes: usize,
 }
 
-impl Shard {
+impl<V> Default for Shard<V> {
+    fn default() -> Self {
+        Shard { young: HashMap::new(), old: HashMap::new(), young_bytes: 0, old_bytes: 0 }
+    }
+}
+
+impl<V> Shard<V> {
     fn rotate_if_full(&mut self, half_budget: usize) {
         if self.young_bytes > half_budget {
             self.old = std::mem::take(&mut self.young);
@@ -60,8 +66,9 @@ impl Shard {
     }
 }
 
-pub struct PieceCache {
-    shards: Vec<Mutex<Shard>>,
+/// `V` is cheap to clone (an `Arc`); the default is a piece's token ids.
+pub struct PieceCache<V = Arc<[u32]>> {
+    shards: Vec<Mutex<Shard<V>>>,
     half_shard_budget: usize,
     capacity: usize,
     hits: AtomicU64,
@@ -70,15 +77,23 @@ pub struct PieceCache {
     miss_bytes: AtomicU64,
 }
 
-impl std::fmt::Debug for PieceCache {
+impl<V> std::fmt::Debug for PieceCache<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PieceCache").field("capacity", &self.capacity).finish()
     }
 }
 
-impl PieceCache {
+impl PieceCache<Arc<[u32]>> {
+    /// Caches the ids of a piece of `len` bytes (cost: text bytes + 4 per id).
+    pub fn insert(&self, key: PieceHash, len: usize, ids: Arc<[u32]>) {
+        let bytes = len + 4 * ids.len();
+        self.insert_sized(key, bytes, ids);
+    }
+}
+
+impl<V: Clone> PieceCache<V> {
     /// A cache holding at most about `capacity_bytes` (0 disables caching).
-    pub fn new(capacity_bytes: usize) -> PieceCache {
+    pub fn new(capacity_bytes: usize) -> PieceCache<V> {
         PieceCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             half_shard_budget: capacity_bytes / SHARDS / 2,
@@ -90,39 +105,46 @@ impl PieceCache {
         }
     }
 
-    fn shard(&self, key: PieceHash) -> &Mutex<Shard> {
+    fn shard(&self, key: PieceHash) -> &Mutex<Shard<V>> {
         &self.shards[(key.0 as usize) % SHARDS]
     }
 
-    /// The cached ids of a piece of `len` bytes, counting a hit or a miss.
-    pub fn get(&self, key: PieceHash, len: usize) -> Option<Arc<[u32]>> {
-        let found = {
-            let mut shard = self.shard(key).lock();
-            if let Some((ids, _)) = shard.young.get(&key) {
-                Some(ids.clone())
-            } else if let Some((ids, cost)) = shard.old.remove(&key) {
-                shard.old_bytes -= cost;
-                shard.young_bytes += cost;
-                shard.young.insert(key, (ids.clone(), cost));
-                shard.rotate_if_full(self.half_shard_budget);
-                Some(ids)
-            } else {
-                None
-            }
-        };
-        let (count, bytes) = if found.is_some() { (&self.hits, &self.hit_bytes) } else { (&self.misses, &self.miss_bytes) };
-        count.fetch_add(1, Ordering::Relaxed);
-        bytes.fetch_add(len as u64, Ordering::Relaxed);
+    /// The cached value of a piece of `len` bytes, counting a hit or a miss.
+    pub fn get(&self, key: PieceHash, len: usize) -> Option<V> {
+        let found = self.peek(key);
+        self.count(found.is_some(), len);
         found
     }
 
-    pub fn insert(&self, key: PieceHash, len: usize, ids: Arc<[u32]>) {
-        let cost = len + 4 * ids.len() + ENTRY_OVERHEAD;
+    /// [`Self::get`] without counting (for probing several keys per request).
+    pub fn peek(&self, key: PieceHash) -> Option<V> {
+        let mut shard = self.shard(key).lock();
+        if let Some((value, _)) = shard.young.get(&key) {
+            return Some(value.clone());
+        }
+        let (value, cost) = shard.old.remove(&key)?;
+        shard.old_bytes -= cost;
+        shard.young_bytes += cost;
+        shard.young.insert(key, (value.clone(), cost));
+        shard.rotate_if_full(self.half_shard_budget);
+        Some(value)
+    }
+
+    /// Counts a hit or a miss of `len` bytes found by [`Self::peek`].
+    pub fn count(&self, hit: bool, len: usize) {
+        let (count, bytes) = if hit { (&self.hits, &self.hit_bytes) } else { (&self.misses, &self.miss_bytes) };
+        count.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(len as u64, Ordering::Relaxed);
+    }
+
+    /// Inserts `value` accounted as `bytes` (plus a fixed per-entry overhead).
+    pub fn insert_sized(&self, key: PieceHash, bytes: usize, value: V) {
+        let cost = bytes + ENTRY_OVERHEAD;
         if cost > self.half_shard_budget {
             return;
         }
         let mut shard = self.shard(key).lock();
-        if let Some((_, old_cost)) = shard.young.insert(key, (ids, cost)) {
+        if let Some((_, old_cost)) = shard.young.insert(key, (value, cost)) {
             shard.young_bytes -= old_cost;
         }
         shard.young_bytes += cost;

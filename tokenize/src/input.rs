@@ -36,7 +36,7 @@ pub struct ParsedChat {
 const RESERVED_KWARGS: [&str; 2] = ["chat_template", "tokenize"];
 const OVERRIDDEN_KWARGS: [&str; 5] = ["add_generation_prompt", "continue_final_message", "documents", "messages", "tools"];
 
-fn flag(obj: &Map<String, Json>, key: &str, default: bool) -> Result<bool, TokenizeError> {
+pub(crate) fn flag(obj: &Map<String, Json>, key: &str, default: bool) -> Result<bool, TokenizeError> {
     match obj.get(key) {
         None | Some(Json::Null) => Ok(default),
         Some(Json::Bool(b)) => Ok(*b),
@@ -44,7 +44,7 @@ fn flag(obj: &Map<String, Json>, key: &str, default: bool) -> Result<bool, Token
     }
 }
 
-fn kwargs(obj: &Map<String, Json>, settings: &RenderSettings) -> Result<Map<String, Json>, TokenizeError> {
+pub(crate) fn kwargs(obj: &Map<String, Json>, settings: &RenderSettings) -> Result<Map<String, Json>, TokenizeError> {
     let mut out = settings.default_kwargs.clone();
     match obj.get("chat_template_kwargs") {
         None | Some(Json::Null) => {}

@@ -10,7 +10,8 @@
 //!
 //! Multi-turn conversations re-send their whole history, so encoding goes through a bounded
 //! cache of prompt pieces cut at added tokens ([`pieces`], [`cache`], [`encode`]): a warm turn
-//! encodes only what is new. The state service and the simulator share this crate.
+//! encodes only what is new; rendering reuses the rendered history of earlier turns where the
+//! template allows it ([`prefix`]). The state service and the simulator share this crate.
 
 pub mod anthropic;
 pub mod cache;
@@ -22,6 +23,7 @@ pub mod input;
 pub mod model;
 pub mod openai;
 pub mod pieces;
+mod prefix;
 
 pub use anthropic::AnthropicRendering;
 pub use cache::CacheStats;

@@ -15,6 +15,7 @@ use crate::encode::CachedEncoder;
 use crate::error::TokenizeError;
 use crate::input::{self, RenderSettings};
 use crate::openai::ContentFormat;
+use crate::prefix::PrefixRenderer;
 use kvroute_core::request::Api;
 use serde_json::{json, Map, Value as Json};
 use std::path::Path;
@@ -28,6 +29,9 @@ pub struct TokenizerOptions {
     pub anthropic: AnthropicRendering,
     /// vLLM's `--default-chat-template-kwargs`, if the workers set it.
     pub default_template_kwargs: Map<String, Json>,
+    /// Byte budget of the rendered-prefix cache ([`crate::prefix`]); 0 renders every request
+    /// in full.
+    pub render_cache_bytes: usize,
 }
 
 impl Default for TokenizerOptions {
@@ -37,6 +41,7 @@ impl Default for TokenizerOptions {
             content_format: ContentFormat::Auto,
             anthropic: AnthropicRendering::Vllm,
             default_template_kwargs: Map::new(),
+            render_cache_bytes: 64 << 20,
         }
     }
 }
@@ -51,6 +56,7 @@ pub struct RenderedChat {
 
 pub struct ModelTokenizer {
     template: ChatTemplate,
+    prefix: PrefixRenderer,
     encoder: CachedEncoder,
     settings: RenderSettings,
     /// Prepended to plain-text prompts when `add_bos_token` is set and the post-processor
@@ -92,11 +98,21 @@ impl ModelTokenizer {
             default_kwargs: options.default_template_kwargs,
             merge_inline_system,
         };
-        Ok(ModelTokenizer { template, encoder, settings, text_bos, text_post_processed })
+        let prefix = PrefixRenderer::new(options.render_cache_bytes, &template, &settings);
+        Ok(ModelTokenizer { template, prefix, encoder, settings, text_bos, text_post_processed })
     }
 
-    /// Renders a chat request's `template_input` (see `kvroute_core::request::Prompt::Chat`).
+    /// Renders a chat request's `template_input` (see `kvroute_core::request::Prompt::Chat`),
+    /// reusing the rendered history of earlier turns where that is exact ([`crate::prefix`]).
     pub fn render_chat(&self, template_input: &str, api: Api) -> Result<RenderedChat, TokenizeError> {
+        match self.prefix.render(template_input, api, &self.template, &self.settings) {
+            Some(rendered) => Ok(rendered),
+            None => self.render_chat_full(template_input, api),
+        }
+    }
+
+    /// [`Self::render_chat`] from scratch: the reference for tests and benchmarks.
+    pub fn render_chat_full(&self, template_input: &str, api: Api) -> Result<RenderedChat, TokenizeError> {
         let parsed = input::parse(template_input, api, self.template.source(), &self.settings)?;
         let text = self.template.render(&parsed.render)?;
         Ok(RenderedChat { text, media_items: parsed.media_items })
@@ -109,9 +125,9 @@ impl ModelTokenizer {
         self.encoder.encode(&rendered.text)
     }
 
-    /// [`Self::encode_chat`] without the cache: the reference for tests and benchmarks.
+    /// [`Self::encode_chat`] without any cache: the reference for tests and benchmarks.
     pub fn encode_chat_uncached(&self, template_input: &str, api: Api) -> Result<Vec<u32>, TokenizeError> {
-        let rendered = self.render_chat(template_input, api)?;
+        let rendered = self.render_chat_full(template_input, api)?;
         self.encoder.encode_uncached(&rendered.text, false)
     }
 
@@ -128,6 +144,11 @@ impl ModelTokenizer {
     /// Renders arbitrary template input (already normalized messages), for tests.
     pub fn render_raw(&self, input: &RenderInput) -> Result<String, TokenizeError> {
         self.template.render(input)
+    }
+
+    /// Whether warm turns reuse rendered history (the template passed the self-check).
+    pub fn renders_incrementally(&self) -> bool {
+        self.prefix.is_enabled()
     }
 
     /// Whether `/v1/messages` inline system messages are merged into the leading one.

@@ -36,6 +36,15 @@ pub enum ContentFormat {
 }
 
 impl ContentFormat {
+    /// `Auto` decided for `template`; other formats as they are.
+    pub fn resolve(self, template: &str) -> ContentFormat {
+        if self == ContentFormat::Auto {
+            ContentFormat::detect(template)
+        } else {
+            self
+        }
+    }
+
     /// vLLM walks the template's AST for a loop over a message's content. This approximates it
     /// textually: a `for` over `...content` / `...['content']` means "openai".
     pub fn detect(template: &str) -> ContentFormat {
@@ -263,19 +272,25 @@ fn developer_to_system(messages: Vec<Json>) -> Vec<Json> {
     out
 }
 
+/// One message as [`normalize_messages`] normalizes it, except for the developer -> system
+/// conversion, which looks at the whole conversation. `format` must be resolved.
+pub(crate) fn normalize_message(m: &Json, format: ContentFormat, media: &mut usize) -> Result<Json, TokenizeError> {
+    let mut msg = message(m, format, media)?;
+    if let Json::Object(o) = &mut msg {
+        if o.get("role").and_then(Json::as_str) == Some("assistant") {
+            postprocess_tool_calls(o)?;
+        }
+    }
+    Ok(msg)
+}
+
 /// Normalizes OpenAI chat `messages` as vLLM does before rendering.
 pub fn normalize_messages(messages: &[Json], format: ContentFormat, template: &str) -> Result<Normalized, TokenizeError> {
-    let format = if format == ContentFormat::Auto { ContentFormat::detect(template) } else { format };
+    let format = format.resolve(template);
     let mut media_items = 0;
     let mut out = Vec::with_capacity(messages.len());
     for m in messages {
-        let mut msg = message(m, format, &mut media_items)?;
-        if let Json::Object(o) = &mut msg {
-            if o.get("role").and_then(Json::as_str) == Some("assistant") {
-                postprocess_tool_calls(o)?;
-            }
-        }
-        out.push(msg);
+        out.push(normalize_message(m, format, &mut media_items)?);
     }
     let has_developer = out.iter().any(|m| m.get("role").and_then(Json::as_str) == Some("developer"));
     if has_developer && !template.contains("\"developer\"") && !template.contains("'developer'") {
