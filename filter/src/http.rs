@@ -133,7 +133,7 @@ impl Context for HttpFilter {
         }
         self.phase = Phase::Idle;
         let elapsed = (host::now_ms() - sent_ms).max(0.0);
-        host::record(self.shared.metrics.pick_latency_ms, elapsed.round() as u64);
+        host::record(self.shared.metrics.pick_latency_us, (elapsed * 1000.0).round() as u64);
         if let Err((reason, detail)) = self.apply_pick(body_size) {
             self.fall_back(reason, &detail);
         }

@@ -17,8 +17,8 @@ pub struct Metrics {
     pub routed: Option<u32>,
     /// Requests that fell back to the default route, one counter per reason.
     pub fallbacks: [Option<u32>; FallbackReason::ALL.len()],
-    /// Pick round-trip time in milliseconds, dispatch to response.
-    pub pick_latency_ms: Option<u32>,
+    /// Pick round-trip time in microseconds (host clock), dispatch to response.
+    pub pick_latency_us: Option<u32>,
     /// Reports handed to the state service in a batch that it accepted.
     pub reports_sent: Option<u32>,
     /// Report batches that failed (dispatch error, no response or non-2xx).
@@ -39,7 +39,7 @@ impl Metrics {
             picks: counter("kvroute_picks"),
             routed: counter("kvroute_routed"),
             fallbacks,
-            pick_latency_ms: host::define_metric(MetricType::Histogram, "kvroute_pick_latency_ms"),
+            pick_latency_us: host::define_metric(MetricType::Histogram, "kvroute_pick_latency_us"),
             reports_sent: counter("kvroute_reports_sent"),
             report_failures: counter("kvroute_report_failures"),
             reports_dropped: counter("kvroute_reports_dropped"),

@@ -43,3 +43,26 @@ async fn added_latency() -> Result<()> {
     }
     Ok(())
 }
+
+/// Pick round trip to the real state service (token-id prompts, 4 workers), as the filter
+/// measured it (`kvroute_pick_latency_us`, Envoy's histogram quantiles).
+#[tokio::test]
+#[ignore = "benchmark: prints figures"]
+async fn real_state_service_pick_latency() -> Result<()> {
+    use kvroute_e2e::llm::{completion, tokens};
+    use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
+    let s = Stack::start(StackOptions { mode: Mode::Endpoint, workers: 4, plugin: json!({}), time_scale: 0.05 }).await?;
+    for i in 0..300u32 {
+        let body = completion(MODEL, &tokens(i % 20, 512), 1, false);
+        s.client.post(s.envoy.url("/v1/completions")).json(&body).send().await?.bytes().await?;
+    }
+    let url = format!("http://127.0.0.1:{}/stats?filter=kvroute_pick_latency_us", s.envoy.admin_port);
+    // Envoy publishes histogram quantiles at its stats flush (every 5 s by default).
+    let text = kvroute_e2e::net::wait_for("histogram flush", std::time::Duration::from_secs(20), || async {
+        let t = reqwest::get(&url).await.ok()?.text().await.ok()?;
+        (!t.contains("No recorded values")).then_some(t)
+    })
+    .await?;
+    println!("{text}");
+    Ok(())
+}
