@@ -59,14 +59,24 @@ impl Tokenization {
         }
     }
 
-    /// Loads the tokenizers of `models` on the blocking pool (start-up; needs a runtime).
+    /// Starts loading the tokenizers of `models` on the blocking pool (start-up; needs a
+    /// runtime). [`Self::loading`] is true until they are done.
     pub fn preload(&self, models: Vec<String>) {
-        let local = self.local.clone();
-        tokio::task::spawn_blocking(move || {
-            for model in models {
-                local.load(&model);
-            }
-        });
+        for model in models {
+            self.start_load(&model);
+        }
+    }
+
+    fn start_load(&self, model: &str) {
+        if self.local.claim(model) {
+            let (local, model) = (self.local.clone(), model.to_string());
+            tokio::task::spawn_blocking(move || local.finish_load(&model));
+        }
+    }
+
+    /// Whether a tokenizer load is under way.
+    pub fn loading(&self) -> bool {
+        self.local.loading()
     }
 
     /// Whether `model`'s worker path is paused after a failed call.
@@ -109,11 +119,12 @@ impl Tokenization {
         let tokenizer = match self.local.lookup(&req.model) {
             Lookup::Ready(t) => t,
             Lookup::Unavailable => return Err(TokenizeFailure::Unavailable),
+            // The pick never waits for a load: it takes the next path meanwhile.
             Lookup::NeedsLoad => {
-                let (local, model) = (self.local.clone(), req.model.clone());
-                let loaded = tokio::task::spawn_blocking(move || local.load(&model)).await.ok().flatten();
-                loaded.ok_or(TokenizeFailure::Unavailable)?
+                self.start_load(&req.model);
+                return Err(TokenizeFailure::Loading);
             }
+            Lookup::Loading => return Err(TokenizeFailure::Loading),
         };
         if req.chat_json.len() + req.prompt_text.len() <= self.inline_max_bytes {
             return encode(&tokenizer, req.endpoint, &req.chat_json, &req.prompt_text);

@@ -76,11 +76,17 @@ fn expected(template_input: &str) -> (Vec<u32>, Vec<u64>) {
     (ids, keys)
 }
 
-fn build(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (Router, Arc<TestIndex>) {
+/// The app with model `m`'s tokenizer loaded (or its load failed), as after start-up.
+fn build(config: Config, tokenizer_dir: Option<PathBuf>) -> (Router, Arc<TestIndex>) {
+    let (state, index) = build_state(config, tokenizer_dir);
+    state.tokenization.local.load("m");
+    (app(state), index)
+}
+
+fn build_state(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (AppState, Arc<TestIndex>) {
     config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir });
     let index = Arc::new(TestIndex::default());
-    let state = AppState::new(config, index.clone()).expect("valid config");
-    (app(state), index)
+    (AppState::new(config, index.clone()).expect("valid config"), index)
 }
 
 async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
@@ -238,5 +244,25 @@ async fn other_policies_and_token_prompts_do_not_tokenize() {
     let tokens = PickRequest { model: "m".into(), token_keys: vec![1, 2], block_size: 16, prompt_tokens: 40, ..Default::default() };
     assert_eq!(pick(&app, &tokens).await.tokenization, TokenizationPath::TokenizationExactTokenIds as i32);
     let metrics = get_text(&app, "/metrics").await;
-    assert_has(&metrics, &[r#"kvroute_tokenization_total{path="exact_token_ids"} 1"#, r#"kvroute_tokenizer_loaded{model="m"} 0"#]);
+    assert_has(&metrics, &[r#"kvroute_tokenization_total{path="exact_token_ids"} 1"#, r#"kvroute_tokenizer_loaded{model="m"} 1"#]);
+    assert!(!metrics.contains(r#"kvroute_tokenization_total{path="local"}"#), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_pick_never_waits_for_the_tokenizer_to_load() {
+    let mut cfg = config(&["a"]);
+    cfg.tokenization.worker_fallback = false;
+    let (state, _) = build_state(cfg, Some(fixture_dir()));
+    let app = app(state.clone());
+    let (req, _) = chat_pick(&chat_body());
+    // Not loaded yet: this pick starts the load in the background and uses text chunks.
+    let first = pick(&app, &req).await;
+    assert_eq!((first.tokenization, first.degraded_reason.as_str()), (TokenizationPath::TokenizationTextChunks as i32, "tokenizer_unavailable"));
+    // Waits for the background load to finish; from then on picks are exact.
+    assert!(state.tokenization.local.load("m").is_some());
+    assert!(!state.tokenization.loading());
+    assert_eq!(pick(&app, &req).await.tokenization, TokenizationPath::TokenizationLocal as i32);
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="loading"} 1"#]);
+    assert_eq!(send(&app, Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
 }

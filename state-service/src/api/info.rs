@@ -109,6 +109,9 @@ pub async fn healthz() -> &'static str {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    if state.tokenization.loading() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: loading tokenizers\n");
+    }
     if state.ready() {
         (StatusCode::OK, "ready\n")
     } else {

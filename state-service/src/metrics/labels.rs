@@ -62,6 +62,8 @@ label_enum!(
     TokenizeFailure {
         /// No tokenizer for the model (not configured, or its files failed to load).
         Unavailable => "unavailable",
+        /// The model's tokenizer is still loading (picks never wait for it).
+        Loading => "loading",
         /// The prompt has images/audio: vLLM's placeholder tokens are not reproduced.
         Media => "media",
         /// The prompt JSON was not a chat the template accepts.
