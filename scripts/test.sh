@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds once, runs every test.
+# End-to-end tests start real Envoy, redis-server, the state service and simulated workers
+# on loopback ports; they need the release .wasm built first.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -7,5 +9,5 @@ scripts/setup.sh
 export KVROUTE_ROOT="$root"
 export PATH="$root/.cache/venv/bin:$PATH"
 cargo build --workspace --all-targets
-cargo build -p kvroute-core --target wasm32-wasip1
+./wasm-build.sh
 cargo test --workspace
