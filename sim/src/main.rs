@@ -25,7 +25,7 @@ struct Args {
     zmq_port: u16,
     #[arg(long, default_value = "kvroute/sim-27b-fp8")]
     model: String,
-    /// Directory with tokenizer.json + tokenizer_config.json (see sim/fetch-tokenizer.sh).
+    /// Directory with tokenizer.json + tokenizer_config.json (see tokenize/fetch-tokenizer.sh).
     #[arg(long, env = "KVROUTE_TOKENIZER_DIR")]
     tokenizer_dir: Option<PathBuf>,
     /// Multiplies every step duration (0.1 = ten times faster than the profile).

@@ -3,9 +3,8 @@
 //! comparing with the router's index) and `/sim/fault` (fault injection).
 
 use super::error::{parse_json, ApiError};
-use super::openai::check_model;
+use super::openai::{check_model, utf8};
 use super::AppState;
-use crate::chat::ChatValue;
 use crate::events::PubCommand;
 use crate::metrics::{render, MetricsInput};
 use axum::body::Bytes;
@@ -13,6 +12,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -33,10 +33,8 @@ pub async fn models(State(s): State<AppState>) -> Json<Value> {
 struct TokenizeBody {
     model: Option<String>,
     prompt: Option<String>,
-    messages: Option<ChatValue>,
-    tools: Option<ChatValue>,
-    add_generation_prompt: Option<bool>,
-    chat_template_kwargs: Option<ChatValue>,
+    /// Read by the tokenizer from the raw body, with `tools`, `add_generation_prompt`, ...
+    messages: Option<IgnoredAny>,
 }
 
 pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
@@ -44,11 +42,7 @@ pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Result<Json<Val
     check_model(&s, req.model.as_deref())?;
     let tokens = match (req.prompt, req.messages) {
         (Some(p), None) => s.tokenizer.encode_text(&p)?,
-        (None, Some(m)) => {
-            let tools = req.tools.filter(|t| !t.0.is_none());
-            let kw = req.chat_template_kwargs.filter(|t| !t.0.is_none());
-            s.tokenizer.encode_chat(&m, tools.as_ref(), req.add_generation_prompt.unwrap_or(true), kw.as_ref())?
-        }
+        (None, Some(_)) => s.tokenizer.encode_chat(utf8(&body)?)?,
         _ => return Err(ApiError::BadRequest("give exactly one of `prompt` or `messages`".into())),
     };
     let max_len = s.worker.inner.lock().engine.config().max_model_len;

@@ -4,12 +4,12 @@
 use super::error::{parse_json, ApiError};
 use super::stream::{collect, sse_response, Kind, Params};
 use super::AppState;
-use crate::chat::ChatValue;
 use crate::engine::NewRequest;
 use crate::ids::RequestId;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 #[derive(Deserialize, Default)]
@@ -40,11 +40,13 @@ struct CompletionBody {
     cache_salt: Option<String>,
 }
 
+/// The fields the simulator reads itself; the tokenizer reads the chat fields (`messages`,
+/// `tools`, `add_generation_prompt`, `chat_template_kwargs`, ...) from the raw body.
 #[derive(Deserialize)]
 struct ChatBody {
     model: Option<String>,
-    messages: ChatValue,
-    tools: Option<ChatValue>,
+    #[allow(dead_code)]
+    messages: IgnoredAny,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     #[serde(default)]
@@ -53,8 +55,10 @@ struct ChatBody {
     #[serde(default)]
     ignore_eos: bool,
     cache_salt: Option<String>,
-    add_generation_prompt: Option<bool>,
-    chat_template_kwargs: Option<ChatValue>,
+}
+
+pub(super) fn utf8(body: &[u8]) -> Result<&str, ApiError> {
+    std::str::from_utf8(body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
 }
 
 pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
@@ -70,10 +74,6 @@ fn max_tokens(v: Option<i64>, default: usize) -> Result<usize, ApiError> {
         Some(n) if n >= 1 => Ok(n as usize),
         Some(n) => Err(ApiError::BadRequest(format!("max_tokens must be at least 1, got {n}"))),
     }
-}
-
-fn present(v: Option<ChatValue>) -> Option<ChatValue> {
-    v.filter(|v| !v.0.is_none() && !v.0.is_undefined())
 }
 
 pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -95,10 +95,7 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
 pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatBody = parse_json(&body)?;
     check_model(&state, req.model.as_deref())?;
-    let tools = present(req.tools);
-    let kwargs = present(req.chat_template_kwargs);
-    let agp = req.add_generation_prompt.unwrap_or(true);
-    let prompt = state.tokenizer.encode_chat(&req.messages, tools.as_ref(), agp, kwargs.as_ref())?;
+    let prompt = state.tokenizer.encode_chat(utf8(&body)?)?;
     // vLLM's chat default: whatever context is left after the prompt.
     let room = state.worker.inner.lock().engine.config().max_model_len.saturating_sub(prompt.len()).max(1);
     let max = max_tokens(req.max_completion_tokens.or(req.max_tokens), room)?;
