@@ -1,11 +1,10 @@
 //! [`ModelTokenizer`]: one model's tokenizer + chat template + piece cache, shared by every
 //! request for that model (`&self` methods, `Send + Sync`).
 //!
-//! Cost (see the README for figures): rendering is linear in the conversation's size and runs
-//! on every call; encoding runs only for text pieces not seen recently. A cold 32k-token prompt
-//! takes tens of milliseconds (run it in `spawn_blocking`); a warm turn of the same conversation
-//! stays around a millisecond (acceptable inline for short prompts, still better off a reactor
-//! thread for long ones).
+//! Cost (see the README for figures): a cold request renders and encodes the whole prompt
+//! (tens of milliseconds for 32k tokens: run it in `spawn_blocking`); a warm turn of a
+//! conversation renders only the messages since its last user query ([`crate::prefix`]) and
+//! encodes only text pieces not seen recently, under a millisecond for 32k tokens.
 
 use crate::anthropic::AnthropicRendering;
 use crate::cache::CacheStats;
