@@ -25,10 +25,10 @@ cargo build --release -p kvroute-state -p kvroute-sim -p kvroute-bench
 # A real tokenizer makes chat prompts the token counts they say; without one the sims
 # fall back to one token per byte (the demo still works, prompts are just ~5x longer).
 tok_args=()
-if tok_dir="$(sim/fetch-tokenizer.sh 2>/dev/null)" && [ -f "$tok_dir/tokenizer.json" ]; then
+if tok_dir="$(tokenize/fetch-tokenizer.sh 2>/dev/null)" && [ -f "$tok_dir/tokenizer.json" ]; then
   tok_args=(--tokenizer-dir "$tok_dir")
 else
-  echo "demo: no tokenizer fixture (sim/fetch-tokenizer.sh failed); using byte fallback"
+  echo "demo: no tokenizer fixture (tokenize/fetch-tokenizer.sh failed); using byte fallback"
 fi
 
 # Offered load in simulated requests/s; each pass sends for about 40% of the budget in

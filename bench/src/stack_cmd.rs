@@ -51,7 +51,7 @@ pub struct StackArgs {
     pub envoy: PathBuf,
     #[arg(long, default_value = "target/wasm32-wasip1/release/kvroute_filter.wasm")]
     pub wasm: PathBuf,
-    /// Tokenizer for the sims' chat endpoint (see sim/fetch-tokenizer.sh).
+    /// Tokenizer for the sims' chat endpoint (see tokenize/fetch-tokenizer.sh).
     #[arg(long, env = "KVROUTE_TOKENIZER_DIR")]
     pub tokenizer_dir: Option<PathBuf>,
     /// Extra kvroute-sim flag, repeatable: --sim-arg=--num-gpu-blocks --sim-arg=3000.
