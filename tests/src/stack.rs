@@ -34,37 +34,73 @@ pub struct StackOptions {
     pub time_scale: f64,
 }
 
+/// Starts `kvroute-sim` with `workers` workers on consecutive free ports and waits until each
+/// answers `/health`. Returns the process and the HTTP and ZMQ base ports (worker `i`: HTTP
+/// `http_base + i`, events `zmq_base + 2i`, replay `zmq_base + 2i + 1`).
+pub async fn start_sim(workers: usize, time_scale: f64) -> Result<(Proc, u16, u16)> {
+    let n = workers as u16;
+    let http_base = free_port_range(n);
+    let zmq_base = free_port_range(2 * n);
+    let sim_args: Vec<String> = [
+        "--workers", &n.to_string(), "--http-port", &http_base.to_string(), "--zmq-port", &zmq_base.to_string(),
+        "--time-scale", &time_scale.to_string(), "--model", MODEL,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut sim = Proc::spawn("sim", &paths::workspace_bin("kvroute-sim", "kvroute-sim")?, &sim_args)?;
+    for i in 0..n {
+        if let Err(e) = wait_http_ok(&format!("http://127.0.0.1:{}/health", http_base + i), Duration::from_secs(60)).await {
+            sim.check_alive()?;
+            return Err(e);
+        }
+    }
+    Ok((sim, http_base, zmq_base))
+}
+
+/// What a `kvroute-state` config adds to the harness defaults.
+pub struct StateToml {
+    /// Give every worker its `metrics_url` (load scraping, health from scrapes). Without it
+    /// the workers are healthy from the start and their load is only what the service routed.
+    pub scrape_metrics: bool,
+    /// Top-level keys (before any table), e.g. `store = "redis"`.
+    pub top: String,
+    /// Extra tables, e.g. `[redis]` and `[timeouts]`.
+    pub tables: String,
+}
+
+impl Default for StateToml {
+    fn default() -> Self {
+        StateToml { scrape_metrics: true, top: String::new(), tables: String::new() }
+    }
+}
+
+/// The `kvroute-state` config for the sim's `workers` (ids = indexes, events, replay, metrics,
+/// endpoint and cluster names), listening on `state_port`.
+pub fn state_toml(state_port: u16, http_base: u16, zmq_base: u16, workers: usize, extra: &StateToml) -> String {
+    let mut toml = format!("listen = \"127.0.0.1:{state_port}\"\nseed = 7\n{}\n[models.\"{MODEL}\"]\nblock_size = 16\n", extra.top);
+    for i in 0..workers as u16 {
+        let (http, zmq) = (http_base + i, zmq_base + 2 * i);
+        toml.push_str(&format!(
+            "\n[[workers]]\nid = \"{i}\"\nmodel = \"{MODEL}\"\nendpoint = \"127.0.0.1:{http}\"\ncluster = \"{}\"\n\
+             events_endpoint = \"tcp://127.0.0.1:{zmq}\"\nreplay_endpoint = \"tcp://127.0.0.1:{}\"\n",
+            worker_cluster(i as usize),
+            zmq + 1
+        ));
+        if extra.scrape_metrics {
+            toml.push_str(&format!("metrics_url = \"http://127.0.0.1:{http}/metrics\"\n"));
+        }
+    }
+    toml.push_str(&extra.tables);
+    toml
+}
+
 impl Stack {
     pub async fn start(opts: StackOptions) -> Result<Stack> {
         let n = opts.workers as u16;
-        let http_base = free_port_range(n);
-        let zmq_base = free_port_range(2 * n);
-        let sim_args: Vec<String> = [
-            "--workers", &n.to_string(), "--http-port", &http_base.to_string(), "--zmq-port", &zmq_base.to_string(),
-            "--time-scale", &opts.time_scale.to_string(), "--model", MODEL,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let mut sim = Proc::spawn("sim", &paths::workspace_bin("kvroute-sim", "kvroute-sim")?, &sim_args)?;
-        for i in 0..n {
-            if let Err(e) = wait_http_ok(&format!("http://127.0.0.1:{}/health", http_base + i), Duration::from_secs(60)).await {
-                sim.check_alive()?;
-                return Err(e);
-            }
-        }
+        let (sim, http_base, zmq_base) = start_sim(opts.workers, opts.time_scale).await?;
         let state_port = free_port();
-        let mut toml = format!("listen = \"127.0.0.1:{state_port}\"\nseed = 7\n\n[models.\"{MODEL}\"]\nblock_size = 16\n");
-        for i in 0..n {
-            let (http, zmq) = (http_base + i, zmq_base + 2 * i);
-            toml.push_str(&format!(
-                "\n[[workers]]\nid = \"{i}\"\nmodel = \"{MODEL}\"\nendpoint = \"127.0.0.1:{http}\"\ncluster = \"{}\"\n\
-                 events_endpoint = \"tcp://127.0.0.1:{zmq}\"\nreplay_endpoint = \"tcp://127.0.0.1:{}\"\n\
-                 metrics_url = \"http://127.0.0.1:{http}/metrics\"\n",
-                worker_cluster(i as usize),
-                zmq + 1
-            ));
-        }
+        let toml = state_toml(state_port, http_base, zmq_base, opts.workers, &StateToml::default());
         let state_config = std::env::temp_dir().join(format!("kvroute-e2e-state-{state_port}.toml"));
         std::fs::write(&state_config, toml)?;
         let envoy = Envoy::start(EnvoyOptions {
