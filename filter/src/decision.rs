@@ -5,7 +5,7 @@
 use crate::config::{Config, RoutingMode, OWN_HEADER_PREFIX};
 use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
 use kvroute_core::request::{Prompt, PromptRequest};
-use kvroute_core::wire::{PickRequest, PickResponse};
+use kvroute_core::wire::{PickRequest, PickResponse, TokenizationPath};
 
 /// Why a request went to the route's default upstream instead of a picked worker. Every
 /// variant has a counter (`kvroute_fallback_<label>`) and is named in `x-kvroute-fallback`.
@@ -166,17 +166,31 @@ pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, Fa
     })
 }
 
-/// `worker=..;matched=..;total=..;ttft_ms=..;policy=..;degraded=..`
+/// `worker=..;matched=..;total=..;ttft_ms=..;policy=..;tokenization=..;degraded=..`
 pub fn decision_value(resp: &PickResponse) -> String {
     format!(
-        "worker={};matched={};total={};ttft_ms={:.1};policy={};degraded={}",
+        "worker={};matched={};total={};ttft_ms={:.1};policy={};tokenization={};degraded={}",
         sanitize(&resp.worker_id),
         resp.matched_blocks,
         resp.total_blocks,
         resp.predicted_ttft_ms,
         sanitize(&resp.policy),
+        tokenization_label(resp.tokenization),
         if resp.degraded_reason.is_empty() { "none".to_string() } else { sanitize(&resp.degraded_reason) },
     )
+}
+
+/// How the state service turned the prompt into keys, as the header names it (the same labels
+/// as the state service's `kvroute_tokenization_total{path}`). An unknown or unset value (an
+/// older state service) reads as `none`: the header must never claim more than was done.
+pub fn tokenization_label(path: i32) -> &'static str {
+    match TokenizationPath::try_from(path) {
+        Ok(TokenizationPath::TokenizationExactTokenIds) => "exact_token_ids",
+        Ok(TokenizationPath::TokenizationLocal) => "local",
+        Ok(TokenizationPath::TokenizationWorker) => "worker",
+        Ok(TokenizationPath::TokenizationTextChunks) => "text_chunks",
+        Ok(TokenizationPath::TokenizationNone | TokenizationPath::TokenizationUnspecified) | Err(_) => "none",
+    }
 }
 
 /// The fallback for a pick that did not answer 2xx. Envoy's async client turns connection
@@ -260,7 +274,7 @@ mod tests {
         };
         let r = route_from_pick(&config(""), &resp).unwrap();
         assert_eq!((r.header.as_str(), r.value.as_str(), r.assignment_id), ("x-gateway-destination-endpoint", "127.0.0.1:8101", 7));
-        assert_eq!(r.decision, "worker=w1;matched=3;total=4;ttft_ms=12.3;policy=ttft;degraded=none");
+        assert_eq!(r.decision, "worker=w1;matched=3;total=4;ttft_ms=12.3;policy=ttft;tokenization=none;degraded=none");
         let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &resp).unwrap();
         assert_eq!((r.header.as_str(), r.value.as_str()), ("x-kvroute-cluster", "worker_w1"));
 
@@ -270,6 +284,32 @@ mod tests {
         assert_eq!(route_from_pick(&config(""), &other), Err(FallbackReason::Degraded));
         let no_addr = PickResponse { worker_id: "w".into(), ..PickResponse::default() };
         assert_eq!(route_from_pick(&config(""), &no_addr), Err(FallbackReason::NoTarget));
+    }
+
+    #[test]
+    fn decision_names_the_tokenization_path() {
+        let cases = [
+            (TokenizationPath::TokenizationExactTokenIds, "exact_token_ids"),
+            (TokenizationPath::TokenizationLocal, "local"),
+            (TokenizationPath::TokenizationWorker, "worker"),
+            (TokenizationPath::TokenizationTextChunks, "text_chunks"),
+            (TokenizationPath::TokenizationNone, "none"),
+            (TokenizationPath::TokenizationUnspecified, "none"),
+        ];
+        for (path, label) in cases {
+            let resp = PickResponse {
+                worker_id: "w".into(),
+                policy: "kvroute".into(),
+                tokenization: path as i32,
+                degraded_reason: "tokenizer_unavailable".into(),
+                ..PickResponse::default()
+            };
+            assert_eq!(
+                decision_value(&resp),
+                format!("worker=w;matched=0;total=0;ttft_ms=0.0;policy=kvroute;tokenization={label};degraded=tokenizer_unavailable")
+            );
+        }
+        assert_eq!(tokenization_label(99), "none", "a value from a newer state service");
     }
 
     #[test]
