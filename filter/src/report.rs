@@ -97,6 +97,25 @@ impl ResponseTracker {
     }
 
     /// A body chunk (`chunk` holds at most its last tail-size bytes; `len` is its full size).
+    ///
+    /// The first non-empty chunk is the first token, for every API and framing vLLM 0.33
+    /// streams. Its API server sends response headers at once but no body byte before the
+    /// engine's first `RequestOutput`, and the V1 scheduler emits an output for a request only
+    /// with new token ids (or when it stops), i.e. after prefill sampled the first token:
+    /// - OpenAI chat (`chat_completion/serving.py`): the `role` chunk (`content: ""`) is written
+    ///   inside `async for res in result_generator`, on the first output, together with that
+    ///   output's content chunk;
+    /// - Anthropic `/v1/messages` (`anthropic/serving.py`): `event: message_start` is written
+    ///   when the first OpenAI chunk (that role chunk) arrives, so on the same output; there
+    ///   are no `ping` events;
+    /// - completions: the first chunk carries the first token's text.
+    ///
+    /// Waiting for the first `content_block_delta` or non-empty `delta.content` instead would
+    /// be late whenever a reasoning or tool parser holds tokens back (`<think>`, a tool-call
+    /// prefix): the engine's first token, which is what the state service's TTFT model
+    /// predicts, is the first byte. The one stream whose first bytes are not a token is an
+    /// error before any output (`event: error` / `data: {"error": ...}`); its complete report
+    /// carries the outcome.
     pub fn on_body(&mut self, len: usize, chunk: &[u8], end_of_stream: bool, now_ms: f64) -> Vec<Report> {
         let mut out = Vec::new();
         if self.done {
