@@ -12,6 +12,7 @@
 //! as such by `/tokenize`. It lives here rather than in the shared crate because it is a
 //! simulator convenience: the router must never mistake it for a model's tokenization.
 
+use crate::answer::FillerWords;
 use kvroute_tokenize::chat::ChatTemplate;
 use kvroute_tokenize::input::{self, RenderSettings};
 use kvroute_tokenize::{Api, ModelTokenizer};
@@ -30,7 +31,8 @@ const FALLBACK_TEMPLATE: &str = "{%- for m in messages %}<|im_start|>{{ m.role }
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 pub enum ChatTokenizer {
-    Model(Box<ModelTokenizer>),
+    /// A model's tokenizer, and the filler words its answers are made of (`answer.rs`).
+    Model { tokenizer: Box<ModelTokenizer>, words: FillerWords },
     /// ChatML rendering, one token per UTF-8 byte.
     ByteFallback(Option<ChatTemplate>),
 }
@@ -44,7 +46,9 @@ impl std::fmt::Debug for ChatTokenizer {
 impl ChatTokenizer {
     /// Loads `tokenizer.json` and `tokenizer_config.json` (with `chat_template`) from `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, ChatError> {
-        ModelTokenizer::from_dir(dir).map(|t| ChatTokenizer::Model(Box::new(t)))
+        let tokenizer = ModelTokenizer::from_dir(dir)?;
+        let words = FillerWords::for_model(&tokenizer);
+        Ok(ChatTokenizer::Model { tokenizer: Box::new(tokenizer), words })
     }
 
     pub fn byte_fallback() -> Self {
@@ -53,7 +57,7 @@ impl ChatTokenizer {
 
     pub fn kind(&self) -> TokenizerKind {
         match self {
-            ChatTokenizer::Model(_) => TokenizerKind::HuggingFace,
+            ChatTokenizer::Model { .. } => TokenizerKind::HuggingFace,
             ChatTokenizer::ByteFallback(_) => TokenizerKind::ByteFallback,
         }
     }
@@ -61,7 +65,7 @@ impl ChatTokenizer {
     /// The prompt text of a chat request body (`/v1/chat/completions` or `/tokenize`).
     pub fn render_chat(&self, body: &str) -> Result<String, ChatError> {
         match self {
-            ChatTokenizer::Model(t) => t.render_chat(body, Api::ChatCompletions).map(|r| r.text),
+            ChatTokenizer::Model { tokenizer: t, .. } => t.render_chat(body, Api::ChatCompletions).map(|r| r.text),
             ChatTokenizer::ByteFallback(template) => {
                 let template = template.as_ref().ok_or_else(|| ChatError::Template("fallback template did not compile".into()))?;
                 let parsed = input::parse(body, Api::ChatCompletions, FALLBACK_TEMPLATE, &RenderSettings::default())?;
@@ -73,7 +77,7 @@ impl ChatTokenizer {
     /// Renders then encodes without special tokens, as vLLM does for chat requests.
     pub fn encode_chat(&self, body: &str) -> Result<Vec<u32>, ChatError> {
         match self {
-            ChatTokenizer::Model(t) => t.encode_chat(body, Api::ChatCompletions),
+            ChatTokenizer::Model { tokenizer: t, .. } => t.encode_chat(body, Api::ChatCompletions),
             ChatTokenizer::ByteFallback(_) => Ok(bytes(&self.render_chat(body)?)),
         }
     }
@@ -81,7 +85,7 @@ impl ChatTokenizer {
     /// A plain prompt, encoded as vLLM's completions endpoint does (special tokens added).
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, ChatError> {
         match self {
-            ChatTokenizer::Model(t) => t.encode_text(text),
+            ChatTokenizer::Model { tokenizer: t, .. } => t.encode_text(text),
             ChatTokenizer::ByteFallback(_) => Ok(bytes(text)),
         }
     }

@@ -149,6 +149,7 @@ impl Engine {
             max_tokens,
             eos_at: (!req.ignore_eos).then_some(self.cfg.eos_after.max(1)),
             cache_salt: req.cache_salt.filter(|s| !s.is_empty()),
+            output: req.output,
             hashes: Vec::new(),
             blocks: Vec::new(),
             num_computed: 0,

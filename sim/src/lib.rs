@@ -11,5 +11,6 @@ pub mod events;
 pub mod metrics;
 pub mod worker;
 pub mod chat;
+pub mod answer;
 pub mod http;
 pub mod cluster;

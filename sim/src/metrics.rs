@@ -90,7 +90,7 @@ mod tests {
         let mut e = Engine::new(EngineConfig { max_num_batched_tokens: 64, ..EngineConfig::default() });
         for id in 0..3 {
             let prompt = (0..100).collect();
-            let r = NewRequest { id: RequestId(id), prompt, max_tokens: 3, ignore_eos: true, cache_salt: None };
+            let r = NewRequest { id: RequestId(id), prompt, max_tokens: 3, ignore_eos: true, cache_salt: None, output: Vec::new() };
             e.add_request(r, 0.0).unwrap();
         }
         let mut now = 0.0;

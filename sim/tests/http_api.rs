@@ -47,6 +47,23 @@ async fn completions_usage_metrics_and_errors() {
     assert_eq!(tok["count"], chat["usage"]["prompt_tokens"]);
     assert_eq!(tok["sim_tokenizer"], "byte-fallback");
 
+    // The answer is the decoding of the ids the worker cached: streamed pieces concatenate to
+    // the (same prompt, same answer) non-streamed text, and turn two, re-sending it, hits the
+    // answer's full blocks too (all but the last generated token were computed).
+    let turn1 = vec![json!({"role": "user", "content": "Explain prefix caching, please."})];
+    let ask = |messages: &Vec<Value>, stream: bool| json!({"messages": messages, "max_tokens": 40, "ignore_eos": true, "stream": stream});
+    let whole: Value = client.post(format!("{w1}/v1/chat/completions")).json(&ask(&turn1, false)).send().await.unwrap().json().await.unwrap();
+    let answer = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let sse = client.post(format!("{w1}/v1/chat/completions")).json(&ask(&turn1, true)).send().await.unwrap().text().await.unwrap();
+    let deltas: Vec<Value> = sse.split("\n\n").filter_map(|c| serde_json::from_str(c.strip_prefix("data: ")?).ok()).collect();
+    let streamed: String = deltas.iter().filter_map(|d| d["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!((streamed.as_str(), deltas.len()), (answer.as_str(), 1 + 40), "{sse}");
+    let prompt1 = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    let mut turn2 = turn1.clone();
+    turn2.extend([json!({"role": "assistant", "content": answer}), json!({"role": "user", "content": "And routing?"})]);
+    let next: Value = client.post(format!("{w1}/v1/chat/completions")).json(&ask(&turn2, false)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(next["usage"]["prompt_tokens_details"]["cached_tokens"], (prompt1 + 40 - 1) / 16 * 16, "{next}");
+
     // Bad input: 4xx with a message, never a 500.
     for (path, body, code) in [
         ("/v1/completions", r#"{"prompt": []}"#, 400),
@@ -75,7 +92,7 @@ async fn completions_usage_metrics_and_errors() {
     assert_eq!(get("vllm:generation_tokens_total"), st["stats"]["generation_tokens"].as_f64().unwrap());
     assert_eq!(get("vllm:kv_cache_usage_perc"), st["kv_cache_usage"].as_f64().unwrap());
     assert_eq!(get("vllm:num_requests_running"), 0.0);
-    assert_eq!(get("vllm:time_to_first_token_seconds_count"), 4.0);
+    assert_eq!(get("vllm:time_to_first_token_seconds_count"), 7.0);
 
     // Reset: cache emptied; the other worker untouched.
     let r: Value = client.post(format!("{w1}/reset_prefix_cache")).send().await.unwrap().json().await.unwrap();

@@ -11,6 +11,9 @@ pub struct NewRequest {
     pub max_tokens: usize,
     pub ignore_eos: bool,
     pub cache_salt: Option<String>,
+    /// The token ids to "sample", in order (see `answer.rs`); past its end the engine makes
+    /// up filler ids.
+    pub output: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -53,6 +56,8 @@ pub(crate) struct Request {
     /// Output length at which the simulated model emits EOS (None with ignore_eos).
     pub eos_at: Option<usize>,
     pub cache_salt: Option<String>,
+    /// Planned output ids (`NewRequest::output`).
+    pub output: Vec<u32>,
     pub hashes: Vec<BlockDigest>,
     pub blocks: Vec<BlockId>,
     pub num_computed: usize,
@@ -79,6 +84,12 @@ impl Request {
             None
         }
     }
+}
+
+/// Output token `index`: the planned one, else a per-request filler id.
+pub(crate) fn next_token(r: &Request) -> u32 {
+    let index = r.output_len();
+    r.output.get(index).copied().unwrap_or_else(|| filler_token(r.id, index))
 }
 
 /// A per-request filler token: deterministic, in a range every real vocabulary has.

@@ -2,7 +2,7 @@
 //! finish). Kept apart from `engine.rs` so the scheduling policy reads in one place.
 
 use super::hashing::extend_hashes;
-use super::request::{filler_token, Finished, Request, TokenOut};
+use super::request::{next_token, Finished, Request, TokenOut};
 use super::{Engine, KvEvent, StepOutput};
 use crate::ids::BlockId;
 
@@ -162,7 +162,7 @@ impl Engine {
             if r.num_computed < r.tokens.len() {
                 continue; // chunked prefill not done yet
             }
-            let token = filler_token(r.id, r.output_len());
+            let token = next_token(r);
             r.tokens.push(token);
             self.stats.generation_tokens += 1;
             if r.first_token.is_none() {

@@ -17,7 +17,7 @@ fn cfg() -> EngineConfig {
 }
 
 fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
-    NewRequest { id: RequestId(id), prompt, max_tokens, ignore_eos: true, cache_salt: None }
+    NewRequest { id: RequestId(id), prompt, max_tokens, ignore_eos: true, cache_salt: None, output: Vec::new() }
 }
 
 /// Step until `id` finishes; returns (finish, clock at the end).

@@ -1,9 +1,11 @@
-//! `/v1/completions` and `/v1/chat/completions`: parse, tokenize, submit to the engine,
-//! then answer in one piece or as a stream (see `stream.rs`).
+//! `/v1/completions` and `/v1/chat/completions`: parse, tokenize, plan the answer's ids and
+//! text (`answer.rs`), submit to the engine, then answer in one piece or as a stream (see
+//! `stream.rs`).
 
 use super::error::{parse_json, ApiError};
 use super::stream::{collect, sse_response, Kind, Params};
 use super::AppState;
+use crate::answer::{seed_for, Answer};
 use crate::engine::NewRequest;
 use crate::ids::RequestId;
 use axum::body::Bytes;
@@ -103,6 +105,21 @@ pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Res
     run(&state, prompt, max, req.ignore_eos, req.cache_salt, Kind::Chat, req.stream, include_usage).await
 }
 
+/// The ids the engine will generate and their text, as long as the engine can run: to
+/// `max_tokens`, or to the simulated EOS without `ignore_eos`, never past the context (a
+/// request that long is rejected by the engine anyway).
+fn plan_answer(state: &AppState, prompt: &[u32], max_tokens: usize, ignore_eos: bool) -> Result<Answer, ApiError> {
+    let (eos_after, max_model_len) = {
+        let w = state.worker.inner.lock();
+        (w.engine.config().eos_after, w.engine.config().max_model_len)
+    };
+    let mut len = max_tokens.min(max_model_len.saturating_sub(prompt.len()));
+    if !ignore_eos {
+        len = len.min(eos_after.max(1));
+    }
+    Ok(state.tokenizer.answer(seed_for(prompt), len)?)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     state: &AppState,
@@ -114,9 +131,10 @@ async fn run(
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
-    let new = NewRequest { id: RequestId(0), prompt, max_tokens, ignore_eos, cache_salt };
+    let answer = plan_answer(state, &prompt, max_tokens, ignore_eos)?;
+    let new = NewRequest { id: RequestId(0), prompt, max_tokens, ignore_eos, cache_salt, output: answer.ids };
     let (id, rx) = state.worker.submit(new)?;
-    let params = Params { kind, model: state.worker.model.to_string(), request: id, include_usage };
+    let params = Params { kind, model: state.worker.model.to_string(), request: id, include_usage, pieces: answer.pieces };
     if stream {
         Ok(sse_response(params, rx))
     } else {

@@ -1,7 +1,8 @@
 //! Turning the engine's token channel into OpenAI responses: one JSON body, or SSE with one
 //! chunk per token, `data: [DONE]`, and a final usage chunk when
-//! `stream_options.include_usage` is set. Generated text is filler; counts and timing are
-//! the engine's.
+//! `stream_options.include_usage` is set. Token i's text is the planned answer's piece i
+//! (`answer.rs`), so the chunks concatenate to the decoding of the ids the engine cached;
+//! counts and timing are the engine's.
 
 use super::error::ApiError;
 use crate::engine::{FinishReason, Finished};
@@ -27,12 +28,8 @@ pub struct Params {
     pub model: String,
     pub request: RequestId,
     pub include_usage: bool,
-}
-
-const WORDS: &[&str] = &[" the", " cache", " routes", " a", " token", " to", " warm", " worker", " and", " prefix"];
-
-fn word(token: u32) -> &'static str {
-    WORDS[token as usize % WORDS.len()]
+    /// The text of output token i (the engine generates exactly the planned ids).
+    pub pieces: Vec<String>,
 }
 
 fn created() -> u64 {
@@ -57,6 +54,10 @@ fn reason(r: FinishReason) -> &'static str {
 }
 
 impl Params {
+    fn piece(&self, index: usize) -> &str {
+        self.pieces.get(index).map(String::as_str).unwrap_or("")
+    }
+
     fn id(&self) -> String {
         match self.kind {
             Kind::Completion => format!("cmpl-sim-{}", self.request.0),
@@ -97,8 +98,10 @@ impl Params {
 /// Non-streaming: wait for the whole generation.
 pub async fn collect(p: Params, mut rx: TokenRx) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut index = 0;
     while let Some(t) = rx.recv().await {
-        text.push_str(word(t.token));
+        text.push_str(p.piece(index));
+        index += 1;
         if let Some(f) = t.finished {
             let choice = match p.kind {
                 Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason(f.reason), "stop_reason": null}),
@@ -121,6 +124,7 @@ pub fn sse_response(p: Params, mut rx: TokenRx) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let mut first = true;
+        let mut index = 0;
         while let Some(t) = rx.recv().await {
             if p.kind == Kind::Chat && first {
                 let c = p.choice("", None, true);
@@ -130,7 +134,8 @@ pub fn sse_response(p: Params, mut rx: TokenRx) -> Response {
                 first = false;
             }
             let finish = t.finished.as_ref().map(|f| reason(f.reason));
-            let c = p.choice(word(t.token), finish, false);
+            let c = p.choice(p.piece(index), finish, false);
+            index += 1;
             if tx.send(sse(&p.envelope(true, json!([c]), None))).await.is_err() {
                 return;
             }
