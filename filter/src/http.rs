@@ -42,11 +42,21 @@ pub struct HttpFilter {
     fallback: Option<FallbackReason>,
     decision: Option<String>,
     tracker: Option<ResponseTracker>,
+    /// The request asked for a stream: only then is the response's first byte its first token.
+    streaming: bool,
 }
 
 impl HttpFilter {
     pub fn new(shared: Rc<Shared>) -> HttpFilter {
-        HttpFilter { shared, phase: Phase::Idle, meta: RequestMeta::default(), fallback: None, decision: None, tracker: None }
+        HttpFilter {
+            shared,
+            phase: Phase::Idle,
+            meta: RequestMeta::default(),
+            fallback: None,
+            decision: None,
+            tracker: None,
+            streaming: false,
+        }
     }
 
     fn fall_back(&mut self, reason: FallbackReason, detail: &str) {
@@ -73,6 +83,7 @@ impl HttpFilter {
                 return Action::Continue;
             }
         };
+        self.streaming = req.stream;
         let pick = build_pick(c, &req, &self.meta).encode_to_vec();
         let extra: Vec<(&str, &str)> =
             if self.meta.request_id.is_empty() { Vec::new() } else { vec![("x-request-id", self.meta.request_id.as_str())] };
@@ -108,8 +119,8 @@ impl HttpFilter {
         host::clear_route_cache();
         host::increment(self.shared.metrics.routed);
         if route.assignment_id != 0 {
-            self.tracker =
-                Some(ResponseTracker::new(route.assignment_id, host::now_ms(), self.shared.config.response_tail_bytes));
+            let tail = self.shared.config.response_tail_bytes;
+            self.tracker = Some(ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming));
         }
         self.decision = Some(route.decision);
         Ok(())

@@ -67,14 +67,24 @@ pub struct ResponseTracker {
     /// Host time (ms) when the request was resumed toward the worker.
     started_ms: f64,
     status: u32,
+    /// The request asked for a stream (see [`ResponseTracker::on_body`]).
+    streaming: bool,
     first_token: bool,
     done: bool,
     tail: Tail,
 }
 
 impl ResponseTracker {
-    pub fn new(assignment_id: u64, started_ms: f64, tail_bytes: usize) -> ResponseTracker {
-        ResponseTracker { assignment_id, started_ms, status: 0, first_token: false, done: false, tail: Tail::new(tail_bytes) }
+    pub fn new(assignment_id: u64, started_ms: f64, tail_bytes: usize, streaming: bool) -> ResponseTracker {
+        ResponseTracker {
+            assignment_id,
+            started_ms,
+            status: 0,
+            streaming,
+            first_token: false,
+            done: false,
+            tail: Tail::new(tail_bytes),
+        }
     }
 
     fn report(&self, kind: ReportKind, now_ms: f64) -> Report {
@@ -116,6 +126,12 @@ impl ResponseTracker {
     /// predicts, is the first byte. The one stream whose first bytes are not a token is an
     /// error before any output (`event: error` / `data: {"error": ...}`); its complete report
     /// carries the outcome.
+    ///
+    /// A non-streamed response's first byte is sent when generation is over, so its time is
+    /// not a TTFT: the first-token report then carries `elapsed_ms = 0` ("unknown", which the
+    /// state service does not feed to its TTFT calibration) and still tells it prefill is
+    /// done. Reporting the completion time would teach the calibration that a worker answering
+    /// long non-streamed requests is slow to first token.
     pub fn on_body(&mut self, len: usize, chunk: &[u8], end_of_stream: bool, now_ms: f64) -> Vec<Report> {
         let mut out = Vec::new();
         if self.done {
@@ -124,7 +140,11 @@ impl ResponseTracker {
         self.tail.push(chunk);
         if len > 0 && !self.first_token {
             self.first_token = true;
-            out.push(self.report(ReportKind::ReportFirstToken, now_ms));
+            let mut r = self.report(ReportKind::ReportFirstToken, now_ms);
+            if !self.streaming {
+                r.elapsed_ms = 0.0;
+            }
+            out.push(r);
         }
         if end_of_stream {
             out.extend(self.finish(now_ms));
@@ -166,7 +186,7 @@ mod tests {
 
     #[test]
     fn streaming_response_reports_first_token_then_complete_with_usage() {
-        let mut t = ResponseTracker::new(9, 100.0, 1024);
+        let mut t = ResponseTracker::new(9, 100.0, 1024, true);
         assert!(t.on_headers(Some(200), false, 101.0).is_empty());
         let r = t.on_body(0, b"", false, 102.0);
         assert!(r.is_empty(), "an empty chunk is not a token");
@@ -182,22 +202,24 @@ mod tests {
 
     #[test]
     fn single_chunk_body_reports_both_and_header_only_completes() {
-        let mut t = ResponseTracker::new(1, 0.0, 64);
+        let mut t = ResponseTracker::new(1, 0.0, 64, false);
         t.on_headers(Some(200), false, 1.0);
-        assert_eq!(kinds(&t.on_body(3, b"abc", true, 5.0)), vec![1, 2]);
-        let mut h = ResponseTracker::new(2, 0.0, 64);
+        let r = t.on_body(3, b"abc", true, 5.0);
+        assert_eq!(kinds(&r), vec![1, 2]);
+        assert_eq!((r[0].elapsed_ms, r[1].elapsed_ms), (0.0, 5.0), "a non-streamed body's first byte is no TTFT");
+        let mut h = ResponseTracker::new(2, 0.0, 64, false);
         assert_eq!(kinds(&h.on_headers(Some(500), true, 1.0)), vec![ReportKind::ReportComplete as i32]);
     }
 
     #[test]
     fn abort_before_completion_is_a_cancel() {
-        let mut t = ResponseTracker::new(3, 0.0, 64);
+        let mut t = ResponseTracker::new(3, 0.0, 64, true);
         t.on_headers(Some(200), false, 1.0);
         t.on_body(4, b"data", false, 2.0);
         let c = t.on_log(9.0).unwrap();
         assert_eq!((c.kind, c.elapsed_ms), (ReportKind::ReportCancel as i32, 9.0));
         assert_eq!(t.on_log(10.0), None);
-        let mut never = ResponseTracker::new(4, 0.0, 64);
+        let mut never = ResponseTracker::new(4, 0.0, 64, true);
         assert_eq!(never.on_log(1.0).map(|r| r.status), Some(0));
     }
 
