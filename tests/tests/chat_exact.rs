@@ -3,16 +3,18 @@
 //! `tokenize/fetch-tokenizer.sh`).
 //!
 //! Turn two of a conversation re-sends turn one's messages, the assistant's answer and a new
-//! user message. The worker of turn one caches turn one's rendered prompt (and its generated
-//! tokens); with the state service tokenizing chat prompts like vLLM, turn two's pick matches
-//! every full block the two renderings share, lands on that worker, and the worker's own
-//! prefix-cache hit counter grows by exactly those blocks. With the state service's tokenizer
-//! directory missing, the pick falls to the worker's `/tokenize` (still exact, degraded), and
-//! with that disabled to text chunks; the decision header and the metrics say which.
+//! user message. The worker of turn one caches turn one's rendered prompt and the answer's
+//! generated ids (all but the last, which is sampled but never computed, as in vLLM); the
+//! simulator's answer text is the decoding of those ids and re-tokenizes to them, as a real
+//! worker's does. With the state service tokenizing chat prompts like vLLM, turn two's pick
+//! matches every full block of turn one's prompt *and answer*, lands on that worker, and the
+//! worker's own prefix-cache hit counter grows by exactly those blocks. With the state
+//! service's tokenizer directory missing, the pick falls to the worker's `/tokenize` (still
+//! exact, degraded), and with that disabled to text chunks; the decision header
+//! (`degraded=`, `tokenization=`) and the metrics say which.
 //!
-//! The simulator's answer text is filler, not the decoding of the token ids it generated, so
-//! the shared prefix ends where turn one's prompt ends: the answer's blocks cannot match on
-//! any router. The expected count is computed from the worker's own `/tokenize`.
+//! The expected count is derived from the worker's own `/tokenize` of turn one's prompt, of
+//! the answer text and of turn two's prompt, never hard-coded.
 //!
 //! This file starts its own small stack (the shared `Stack` starts the simulator without a
 //! tokenizer) from the harness's parts: `Proc`, `Envoy`, the readiness helpers.
@@ -30,6 +32,8 @@ use std::time::Duration;
 
 const MODEL: &str = "kvroute/sim-27b-fp8";
 const BLOCK: usize = 16;
+/// Answer length: long enough that the answer fills blocks of its own.
+const ANSWER: usize = 40;
 
 fn bin(name: &str) -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
@@ -132,7 +136,15 @@ impl ChatStack {
 
     /// The worker's own `/tokenize` of a chat (vLLM's shape): what it will cache.
     async fn worker_ids(&self, messages: &[Value]) -> Result<Vec<u64>> {
-        let body = json!({"model": MODEL, "messages": messages, "add_generation_prompt": true});
+        self.tokenize(json!({"model": MODEL, "messages": messages, "add_generation_prompt": true})).await
+    }
+
+    /// The worker's own `/tokenize` of a plain text (the answer: the model adds no BOS).
+    async fn text_ids(&self, text: &str) -> Result<Vec<u64>> {
+        self.tokenize(json!({"model": MODEL, "prompt": text})).await
+    }
+
+    async fn tokenize(&self, body: Value) -> Result<Vec<u64>> {
         let v: Value = self.client.post(self.worker_url(0, "/tokenize")).json(&body).send().await?.error_for_status()?.json().await?;
         v["tokens"].as_array().context("tokens")?.iter().map(|t| t.as_u64().context("token id")).collect()
     }
@@ -155,18 +167,24 @@ impl ChatStack {
         .await
     }
 
+    /// The state service's index of worker `i` holds as many blocks as the worker caches
+    /// (its KV events arrived), and that is at least `blocks`.
     async fn wait_index(&self, i: usize, blocks: u64) -> Result<()> {
-        wait_for(&format!("worker {i} index >= {blocks}"), Duration::from_secs(20), || async {
+        wait_for(&format!("worker {i} index in sync, >= {blocks}"), Duration::from_secs(20), || async {
+            let sim: Value = self.client.get(self.worker_url(i, "/sim/state")).send().await.ok()?.json().await.ok()?;
+            let cached = sim["cached_block_hashes"].as_array()?.len() as u64;
             let v = self.state_json("/v1/workers").await.ok()?;
             let w = v["workers"].as_array()?.iter().find(|w| w["id"].as_str() == Some(&i.to_string()))?.clone();
-            (w["index_blocks"].as_u64()? >= blocks).then_some(())
+            let indexed = w["index_blocks"].as_u64()?;
+            (indexed == cached && indexed >= blocks).then_some(())
         })
         .await
     }
 
-    /// A chat completion through Envoy: (worker, decision header, answer message).
+    /// A chat completion of [`ANSWER`] tokens through Envoy: (worker, decision header, answer
+    /// message).
     async fn chat(&self, messages: &[Value]) -> Result<(String, String, Value)> {
-        let body = json!({"model": MODEL, "messages": messages, "max_tokens": 8, "ignore_eos": true});
+        let body = json!({"model": MODEL, "messages": messages, "max_tokens": ANSWER, "ignore_eos": true});
         let r = self.client.post(self.envoy.url("/v1/chat/completions")).json(&body).send().await?;
         if r.status() != 200 {
             bail!("status {}: {}", r.status(), self.logs());
@@ -197,14 +215,24 @@ async fn conversation(s: &ChatStack, conv: usize) -> Result<String> {
     let turn1 = s.worker_ids(&messages).await?;
     let (first, decision1, answer) = s.chat(&messages).await?;
     let w: usize = first.parse().with_context(|| format!("x-sim-worker {first:?}"))?;
-    s.wait_index(w, (turn1.len() / BLOCK) as u64).await?;
     assert_eq!(decision_field(&decision1, "total").as_deref(), Some((turn1.len() / BLOCK).to_string().as_str()), "{decision1}");
 
-    messages.push(json!({"role": "assistant", "content": answer["content"]}));
+    // What turn one's worker computed and cached: the prompt, then the answer's ids but the
+    // last (sampled, never fed back).
+    let text = answer["content"].as_str().context("answer content")?;
+    let answer_ids = s.text_ids(text).await?;
+    assert_eq!(answer_ids.len(), ANSWER, "the answer text re-tokenizes to the {ANSWER} generated ids: {text:?}");
+    let computed = [turn1.as_slice(), answer_ids.as_slice()].concat();
+    let cached_blocks = (computed.len() - 1) / BLOCK;
+    s.wait_index(w, cached_blocks as u64).await?;
+
+    messages.push(json!({"role": "assistant", "content": text}));
     messages.push(json!({"role": "user", "content": "And how does routing use it?"}));
     let turn2 = s.worker_ids(&messages).await?;
-    let shared_blocks = common_prefix(&turn1, &turn2) / BLOCK;
-    assert!(shared_blocks >= turn1.len() / BLOCK, "turn two's rendering starts with turn one's prompt");
+    assert_eq!(common_prefix(&computed, &turn2), computed.len(), "turn two's rendering starts with turn one's prompt and answer");
+    // vLLM never serves turn two's last prompt token from the cache.
+    let shared_blocks = cached_blocks.min((turn2.len() - 1) / BLOCK);
+    assert!(shared_blocks > turn1.len() / BLOCK, "the answer's blocks count: {shared_blocks} vs prompt {}", turn1.len() / BLOCK);
     let hits_before = s.prefix_hits(w).await?;
     let (second, decision2, _) = s.chat(&messages).await?;
     assert_eq!(second, first, "conversation {conv}: {decision2}\n{}", s.logs());
@@ -225,6 +253,7 @@ async fn turn_two_hits_turn_one_worker_exactly_with_the_local_tokenizer() -> Res
     for conv in 0..3 {
         let decision = conversation(&s, conv).await?;
         assert_eq!(decision_field(&decision, "degraded").as_deref(), Some("none"), "{decision}");
+        assert_eq!(decision_field(&decision, "tokenization").as_deref(), Some("local"), "{decision}");
     }
     let m = s.state_metrics().await?;
     assert_eq!(metric(&m, r#"kvroute_tokenization_total{path="local"}"#), 6, "{m}");
@@ -238,6 +267,7 @@ async fn missing_tokenizer_dir_falls_to_the_worker_tokenize_and_stays_exact() ->
     let s = ChatStack::start(3, PathBuf::from("/nonexistent/kvroute-tokenizer"), "").await?;
     let decision = conversation(&s, 7).await?;
     assert_eq!(decision_field(&decision, "degraded").as_deref(), Some("tokenizer_unavailable"), "{decision}");
+    assert_eq!(decision_field(&decision, "tokenization").as_deref(), Some("worker"), "{decision}");
     let m = s.state_metrics().await?;
     assert_eq!(metric(&m, r#"kvroute_tokenization_total{path="worker"}"#), 2, "{m}");
     assert_eq!(metric(&m, r#"kvroute_degraded_decisions_total{reason="tokenizer_unavailable"}"#), 2);
@@ -253,6 +283,7 @@ async fn without_any_tokenizer_picks_use_text_chunks_and_say_so() -> Result<()> 
     let messages = vec![json!({"role": "user", "content": "Explain prefix caching. ".repeat(40)})];
     let (_, decision, _) = s.chat(&messages).await?;
     assert_eq!(decision_field(&decision, "degraded").as_deref(), Some("tokenizer_unavailable"), "{decision}");
+    assert_eq!(decision_field(&decision, "tokenization").as_deref(), Some("text_chunks"), "{decision}");
     let m = s.state_metrics().await?;
     assert_eq!(metric(&m, r#"kvroute_tokenization_total{path="text_chunks"}"#), 1, "{m}");
     assert_eq!(metric(&m, r#"kvroute_tokenization_failures_total{path="local",reason="unavailable"}"#), 1);
