@@ -1,14 +1,16 @@
 //! The per-worker HTTP surface: OpenAI-compatible endpoints (`openai`), vLLM's extra
 //! endpoints and the simulator's own admin/debug endpoints (`admin`). Every response
-//! carries `x-sim-worker: <id>` so end-to-end tests know who served a request.
+//! carries `x-sim-worker: <id>` so end-to-end tests know who served a request; generation
+//! responses also carry `x-sim-dp-rank: <r>`, the rank that ran it (see `dp.rs`).
 
 mod admin;
 mod error;
 mod openai;
+mod simctl;
 mod stream;
 
 use crate::chat::ChatTokenizer;
-use crate::worker::Worker;
+use crate::dp::DpWorker;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -18,7 +20,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::Arc;
 
-/// Fault knobs currently applied to a worker (reported by `/sim/state`).
+/// Fault knobs currently applied to one rank of a worker (reported by `/sim/state`).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Faults {
     pub drop_fraction: f64,
@@ -28,15 +30,16 @@ pub struct Faults {
 
 #[derive(Clone)]
 pub struct AppState {
-    pub worker: Worker,
+    pub worker: DpWorker,
     pub tokenizer: Arc<ChatTokenizer>,
-    pub faults: Arc<Mutex<Faults>>,
+    /// Indexed by rank.
+    pub faults: Arc<Mutex<Vec<Faults>>>,
     /// Endpoints advertised by `/sim/state`.
     pub layout: Arc<serde_json::Value>,
 }
 
 pub fn app(state: AppState) -> Router {
-    let header = HeaderValue::from_str(&state.worker.id.to_string()).unwrap_or(HeaderValue::from_static("?"));
+    let header = HeaderValue::from_str(&state.worker.id().to_string()).unwrap_or(HeaderValue::from_static("?"));
     Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -46,8 +49,8 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(admin::metrics))
         .route("/reset_prefix_cache", post(admin::reset_prefix_cache))
         .route("/sim/reset_prefix_cache", post(admin::reset_prefix_cache))
-        .route("/sim/state", get(admin::state))
-        .route("/sim/fault", post(admin::fault))
+        .route("/sim/state", get(simctl::state))
+        .route("/sim/fault", post(simctl::fault))
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut r: Response| {
             let header = header.clone();

@@ -3,13 +3,15 @@
 //! Each worker is a pure [`engine::Engine`] (paged KV cache, prefix caching, continuous
 //! batching, step-time model) stepped by one tokio task, fronted by an OpenAI-compatible
 //! axum server, publishing vLLM-identical KV events over ZMQ and vLLM-named Prometheus
-//! metrics. See sim/README.md for the CLI, port layout and the default GPU profile.
+//! metrics. A worker may run several data-parallel ranks ([`dp::DpWorker`]), each its own
+//! engine and publisher. See sim/README.md for the CLI, port layout and the default GPU profile.
 
 pub mod engine;
 pub mod ids;
 pub mod events;
 pub mod metrics;
 pub mod worker;
+pub mod dp;
 pub mod chat;
 pub mod answer;
 pub mod http;

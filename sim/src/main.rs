@@ -20,9 +20,14 @@ struct Args {
     /// Worker i serves HTTP on http-port + i.
     #[arg(long, default_value_t = 8100)]
     http_port: u16,
-    /// Worker i publishes on zmq-port + 2i and answers replay on zmq-port + 2i + 1.
+    /// Worker i publishes on zmq-port + 2i and answers replay on zmq-port + 2i + 1; with
+    /// --dp-size N its rank r uses zmq-port + 2Ni + r and zmq-port + 2Ni + N + r.
     #[arg(long, default_value_t = 5600)]
     zmq_port: u16,
+    /// Data-parallel ranks per worker (vLLM's --data-parallel-size): each its own engine,
+    /// KV cache and event publisher, behind the worker's one HTTP endpoint.
+    #[arg(long, default_value_t = 1)]
+    dp_size: usize,
     #[arg(long, default_value = "kvroute/sim-27b-fp8")]
     model: String,
     /// Directory with tokenizer.json + tokenizer_config.json (see tokenize/fetch-tokenizer.sh).
@@ -99,6 +104,9 @@ async fn main() -> Result<()> {
     if a.time_scale <= 0.0 || !a.time_scale.is_finite() {
         bail!("--time-scale must be positive");
     }
+    if !(1..=256).contains(&a.dp_size) {
+        bail!("--dp-size must be in 1..=256");
+    }
     let engine = EngineConfig {
         block_size: a.block_size.max(1),
         num_gpu_blocks: a.num_gpu_blocks,
@@ -123,6 +131,7 @@ async fn main() -> Result<()> {
     };
     let cfg = ClusterConfig {
         workers: a.workers,
+        dp_size: a.dp_size,
         host: a.host,
         http_port: a.http_port,
         zmq_port: a.zmq_port,

@@ -1,65 +1,78 @@
 //! `/metrics` in Prometheus text format with vLLM's metric names and labels
 //! (`model_name`, `engine`). Rendered straight from the engine's own counters, so what a
 //! router scrapes is what the engine did. Only the families a router reads are emitted.
+//! A worker with data-parallel ranks exposes one series per rank (`engine="<r>"`), as vLLM
+//! labels every metric with its engine index.
 
-use crate::engine::stats::Histogram;
+use crate::engine::stats::{EngineStats, Histogram};
 use crate::engine::Engine;
 use std::fmt::Write;
 
 pub struct MetricsInput<'a> {
     pub model: &'a str,
-    pub engine_index: u32,
-    pub engine: &'a Engine,
+    /// `(engine index = DP rank, engine)`, one series per engine in every family.
+    pub engines: &'a [(u32, &'a Engine)],
 }
 
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Render the exposition text.
+/// Render the exposition text: each family's HELP/TYPE once, then one series per engine.
 pub fn render(m: &MetricsInput<'_>) -> String {
-    let labels = format!("model_name=\"{}\",engine=\"{}\"", esc(m.model), m.engine_index);
-    let e = m.engine;
-    let st = e.stats();
-    let cfg = e.config();
-    let mut out = String::with_capacity(8192);
-    let mut gauge = |name: &str, help: &str, v: f64| {
-        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}\n");
-    };
-    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", e.num_running() as f64);
-    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", e.num_waiting() as f64);
-    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage());
-    let _ = write!(
-        out,
-        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n\
-         vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"fp8\",enable_prefix_caching=\"True\",engine=\"{}\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256_cbor\"}} 1.0\n",
-        cfg.block_size, m.engine_index, cfg.num_gpu_blocks
-    );
-    let counters: [(&str, &str, u64); 6] = [
-        ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", st.prefix_cache_queries),
-        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", st.prefix_cache_hits),
-        ("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens),
-        ("vllm:generation_tokens", "Number of generation tokens processed.", st.generation_tokens),
-        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", st.preemptions),
-        ("vllm:request_success", "Count of successfully processed requests.", st.requests_finished),
+    let labels: Vec<String> = m.engines.iter().map(|(i, _)| format!("model_name=\"{}\",engine=\"{i}\"", esc(m.model))).collect();
+    let series = || labels.iter().zip(m.engines.iter().map(|(_, e)| *e));
+    let mut out = String::with_capacity(8192 * m.engines.len().max(1));
+    let gauges: [(&str, &str, fn(&Engine) -> f64); 3] = [
+        ("vllm:num_requests_running", "Number of requests in model execution batches.", |e| e.num_running() as f64),
+        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", |e| e.num_waiting() as f64),
+        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", Engine::kv_usage),
     ];
-    for (name, help, v) in counters {
-        let _ = write!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {v}.0\n");
+    for (name, help, value) in gauges {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n");
+        for (l, e) in series() {
+            let _ = writeln!(out, "{name}{{{l}}} {}", value(e));
+        }
     }
-    let hists: [(&str, &str, &Histogram); 4] = [
-        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &st.ttft),
-        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &st.e2e),
-        ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &st.queue_time),
-        ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", &st.prefill_time),
+    let _ = write!(out, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n");
+    for (i, e) in m.engines {
+        let cfg = e.config();
+        let _ = writeln!(
+            out,
+            "vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"fp8\",enable_prefix_caching=\"True\",engine=\"{i}\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256_cbor\"}} 1.0",
+            cfg.block_size, cfg.num_gpu_blocks
+        );
+    }
+    let counters: [(&str, &str, fn(&EngineStats) -> u64); 6] = [
+        ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", |s| s.prefix_cache_queries),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", |s| s.prefix_cache_hits),
+        ("vllm:prompt_tokens", "Number of prefill tokens processed.", |s| s.prompt_tokens),
+        ("vllm:generation_tokens", "Number of generation tokens processed.", |s| s.generation_tokens),
+        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", |s| s.preemptions),
+        ("vllm:request_success", "Count of successfully processed requests.", |s| s.requests_finished),
     ];
-    for (name, help, h) in hists {
-        write_histogram(&mut out, name, help, &labels, h);
+    for (name, help, value) in counters {
+        let _ = write!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n");
+        for (l, e) in series() {
+            let _ = writeln!(out, "{name}_total{{{l}}} {}.0", value(e.stats()));
+        }
+    }
+    let hists: [(&str, &str, fn(&EngineStats) -> &Histogram); 4] = [
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", |s| &s.ttft),
+        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", |s| &s.e2e),
+        ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", |s| &s.queue_time),
+        ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", |s| &s.prefill_time),
+    ];
+    for (name, help, hist) in hists {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} histogram\n");
+        for (l, e) in series() {
+            write_histogram(&mut out, name, l, hist(e.stats()));
+        }
     }
     out
 }
 
-fn write_histogram(out: &mut String, name: &str, help: &str, labels: &str, h: &Histogram) {
-    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} histogram\n");
+fn write_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
     let mut cum = 0;
     for (b, c) in h.bounds.iter().zip(&h.counts) {
         cum += c;
@@ -97,7 +110,7 @@ mod tests {
         for _ in 0..3 {
             now += e.step(now).duration_s;
         }
-        let text = render(&MetricsInput { model: "m", engine_index: 0, engine: &e });
+        let text = render(&MetricsInput { model: "m", engines: &[(0, &e)] });
         let l = "{model_name=\"m\",engine=\"0\"}";
         let get = |n: &str| sample(&text, &format!("{n}{l}")).unwrap();
         assert_eq!(get("vllm:num_requests_running"), e.num_running() as f64);

@@ -1,5 +1,6 @@
 //! `/v1/completions` and `/v1/chat/completions`: parse, tokenize, plan the answer's ids and
-//! text (`answer.rs`), submit to the engine, then answer in one piece or as a stream (see
+//! text (`answer.rs`), submit to a rank's engine (the one vLLM's DP load balancer picks, or
+//! the one `X-data-parallel-rank` names), then answer in one piece or as a stream (see
 //! `stream.rs`).
 
 use super::error::{parse_json, ApiError};
@@ -8,8 +9,10 @@ use super::AppState;
 use crate::answer::{seed_for, Answer};
 use crate::engine::NewRequest;
 use crate::ids::RequestId;
+use crate::worker::Worker;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -65,7 +68,7 @@ pub(super) fn utf8(body: &[u8]) -> Result<&str, ApiError> {
 
 pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(m) if !m.is_empty() && m != &*state.worker.model => Err(ApiError::ModelNotFound(m.to_string())),
+        Some(m) if !m.is_empty() && m != state.worker.model() => Err(ApiError::ModelNotFound(m.to_string())),
         _ => Ok(()),
     }
 }
@@ -78,7 +81,7 @@ fn max_tokens(v: Option<i64>, default: usize) -> Result<usize, ApiError> {
     }
 }
 
-pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: CompletionBody = parse_json(&body)?;
     check_model(&state, req.model.as_deref())?;
     let prompt = match req.prompt {
@@ -91,28 +94,28 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
     // vLLM's CompletionRequest defaults max_tokens to 16.
     let max = max_tokens(req.max_tokens, 16)?;
     let include_usage = req.stream_options.unwrap_or_default().include_usage;
-    run(&state, prompt, max, req.ignore_eos, req.cache_salt, Kind::Completion, req.stream, include_usage).await
+    let gen = Generate { prompt, max_tokens: max, ignore_eos: req.ignore_eos, cache_salt: req.cache_salt, kind: Kind::Completion, stream: req.stream, include_usage };
+    run(&state, &headers, gen).await
 }
 
-pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatBody = parse_json(&body)?;
     check_model(&state, req.model.as_deref())?;
     let prompt = state.tokenizer.encode_chat(utf8(&body)?)?;
     // vLLM's chat default: whatever context is left after the prompt.
-    let room = state.worker.inner.lock().engine.config().max_model_len.saturating_sub(prompt.len()).max(1);
+    let room = state.worker.config().max_model_len.saturating_sub(prompt.len()).max(1);
     let max = max_tokens(req.max_completion_tokens.or(req.max_tokens), room)?;
     let include_usage = req.stream_options.unwrap_or_default().include_usage;
-    run(&state, prompt, max, req.ignore_eos, req.cache_salt, Kind::Chat, req.stream, include_usage).await
+    let gen = Generate { prompt, max_tokens: max, ignore_eos: req.ignore_eos, cache_salt: req.cache_salt, kind: Kind::Chat, stream: req.stream, include_usage };
+    run(&state, &headers, gen).await
 }
 
 /// The ids the engine will generate and their text, as long as the engine can run: to
 /// `max_tokens`, or to the simulated EOS without `ignore_eos`, never past the context (a
 /// request that long is rejected by the engine anyway).
 fn plan_answer(state: &AppState, prompt: &[u32], max_tokens: usize, ignore_eos: bool) -> Result<Answer, ApiError> {
-    let (eos_after, max_model_len) = {
-        let w = state.worker.inner.lock();
-        (w.engine.config().eos_after, w.engine.config().max_model_len)
-    };
+    let cfg = state.worker.config();
+    let (eos_after, max_model_len) = (cfg.eos_after, cfg.max_model_len);
     let mut len = max_tokens.min(max_model_len.saturating_sub(prompt.len()));
     if !ignore_eos {
         len = len.min(eos_after.max(1));
@@ -120,9 +123,8 @@ fn plan_answer(state: &AppState, prompt: &[u32], max_tokens: usize, ignore_eos: 
     Ok(state.tokenizer.answer(seed_for(prompt), len)?)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    state: &AppState,
+/// One generation request, parsed.
+struct Generate {
     prompt: Vec<u32>,
     max_tokens: usize,
     ignore_eos: bool,
@@ -130,14 +132,29 @@ async fn run(
     kind: Kind,
     stream: bool,
     include_usage: bool,
-) -> Result<Response, ApiError> {
-    let answer = plan_answer(state, &prompt, max_tokens, ignore_eos)?;
-    let new = NewRequest { id: RequestId(0), prompt, max_tokens, ignore_eos, cache_salt, output: answer.ids };
-    let (id, rx) = state.worker.submit(new)?;
-    let params = Params { kind, model: state.worker.model.to_string(), request: id, include_usage, pieces: answer.pieces };
-    if stream {
-        Ok(sse_response(params, rx))
-    } else {
-        collect(params, rx).await
-    }
+}
+
+/// vLLM's header for pinning a request to a data-parallel rank (external DP balancing).
+const RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// The rank to run on: the one the header names, else the load balancer's pick.
+fn choose_rank<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Worker, ApiError> {
+    let Some(v) = headers.get(RANK_HEADER) else { return Ok(state.worker.pick()) };
+    let rank = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .ok_or_else(|| ApiError::BadRequest(format!("{RANK_HEADER} must be a non-negative integer, got {v:?}")))?;
+    state.worker.rank(rank).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+async fn run(state: &AppState, headers: &HeaderMap, g: Generate) -> Result<Response, ApiError> {
+    let rank = choose_rank(state, headers)?;
+    let answer = plan_answer(state, &g.prompt, g.max_tokens, g.ignore_eos)?;
+    let new = NewRequest { id: RequestId(0), prompt: g.prompt, max_tokens: g.max_tokens, ignore_eos: g.ignore_eos, cache_salt: g.cache_salt, output: answer.ids };
+    let (id, rx) = rank.submit(new)?;
+    let params = Params { kind: g.kind, model: state.worker.model().to_string(), request: id, include_usage: g.include_usage, pieces: answer.pieces };
+    let mut response = if g.stream { sse_response(params, rx) } else { collect(params, rx).await? };
+    response.headers_mut().insert("x-sim-dp-rank", HeaderValue::from(rank.dp_rank));
+    Ok(response)
 }

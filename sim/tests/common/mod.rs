@@ -11,14 +11,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub async fn start(workers: usize, num_gpu_blocks: usize) -> Cluster {
+    start_dp(workers, 1, num_gpu_blocks, 0.01).await
+}
+
+/// `dp_size` ranks per worker, steps scaled by `time_scale`.
+pub async fn start_dp(workers: usize, dp_size: usize, num_gpu_blocks: usize, time_scale: f64) -> Cluster {
     let cfg = ClusterConfig {
         workers,
+        dp_size,
         http_port: 0,
         zmq_port: 0,
         engine: EngineConfig {
             num_gpu_blocks,
             eos_after: 4,
-            time_scale: 0.01,
+            time_scale,
             profile: StepProfile::default(),
             ..EngineConfig::default()
         },
@@ -33,6 +39,8 @@ pub struct Mirror {
     pub blocks: BTreeSet<u64>,
     pub next_seq: u64,
     pub gaps: u64,
+    /// Every `data_parallel_rank` the applied batches carried.
+    pub ranks: BTreeSet<i64>,
 }
 
 impl Mirror {
@@ -40,6 +48,7 @@ impl Mirror {
         assert_eq!(seq, self.next_seq, "apply in order");
         let v = rmpv::decode::read_value(&mut &payload[..]).expect("msgpack");
         let batch = v.as_array().expect("batch array");
+        self.ranks.insert(batch[2].as_i64().expect("data_parallel_rank"));
         for ev in batch[1].as_array().expect("events") {
             let map = ev.as_map().expect("event map");
             let get = |k: &str| map.iter().find(|(kk, _)| kk.as_str() == Some(k)).map(|(_, v)| v.clone());
