@@ -47,14 +47,94 @@ pub struct EnvoyOptions {
     pub plugin: Value,
 }
 
+/// Variations for benchmarks; `Default` is what [`Envoy::start`] runs.
+#[derive(Clone, Debug)]
+pub struct EnvoyExtra {
+    /// `--concurrency`: Envoy worker threads (one Wasm VM each when the filter is loaded).
+    pub concurrency: u32,
+    /// Load the kvroute Wasm filter. `false` renders the same template with the filter's entry
+    /// removed from the HTTP filter chain (the module is then never loaded).
+    pub wasm: bool,
+    /// Adds a second listener without any HTTP filter but the router, routing to `workers_rr`,
+    /// a plain `ROUND_ROBIN` cluster over the same workers: the baseline of the latency benchmark.
+    pub plain_listener: bool,
+}
+
+impl Default for EnvoyExtra {
+    fn default() -> Self {
+        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false }
+    }
+}
+
 pub struct Envoy {
     pub proc: Proc,
     pub port: u16,
     pub admin_port: u16,
+    /// The plain round-robin listener ([`EnvoyExtra::plain_listener`]).
+    pub plain_port: Option<u16>,
+}
+
+/// Removes the kvroute entry (from `- name: kvroute` up to the router) from the HTTP filter chain.
+fn without_wasm_filter(config: &str) -> Result<String> {
+    let lines: Vec<&str> = config.lines().collect();
+    let start = lines.iter().position(|l| l.trim() == "- name: kvroute").context("template: no `- name: kvroute` filter")?;
+    let end = lines[start..]
+        .iter()
+        .position(|l| l.trim() == "- name: envoy.filters.http.router")
+        .map(|i| start + i)
+        .context("template: no router after the kvroute filter")?;
+    let mut out: Vec<&str> = lines[..start].to_vec();
+    out.extend_from_slice(&lines[end..]);
+    Ok(out.join("\n") + "\n")
+}
+
+fn plain_listener(port: u16) -> String {
+    format!(
+        r#"  - name: plain
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    per_connection_buffer_limit_bytes: 16777216
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: plain
+          route_config:
+            virtual_hosts:
+            - name: plain
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: workers_rr, timeout: 300s }}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
+    )
+}
+
+fn plain_cluster(lb_endpoints: &str) -> String {
+    format!(
+        r#"  - name: workers_rr
+    type: STATIC
+    connect_timeout: 1s
+    per_connection_buffer_limit_bytes: 16777216
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: workers_rr
+      endpoints:
+      - lb_endpoints: {lb_endpoints}
+"#
+    )
 }
 
 impl Envoy {
     pub async fn start(opts: EnvoyOptions) -> Result<Envoy> {
+        Envoy::start_with(opts, EnvoyExtra::default()).await
+    }
+
+    pub async fn start_with(opts: EnvoyOptions, extra: EnvoyExtra) -> Result<Envoy> {
         let root = paths::repo_root();
         let template = std::fs::read_to_string(root.join(opts.mode.template())).context("reading envoy template")?;
         let (port, admin_port) = (free_port(), free_port());
@@ -85,6 +165,14 @@ impl Envoy {
                 )
             })
             .collect();
+        let mut template = if extra.wasm { template } else { without_wasm_filter(&template)? };
+        let plain_port = extra.plain_listener.then(free_port);
+        if let Some(p) = plain_port {
+            anyhow::ensure!(template.contains("\n  listeners:\n") && template.contains("\n  clusters:\n"), "template layout changed");
+            template = template
+                .replacen("\n  listeners:\n", &format!("\n  listeners:\n{}", plain_listener(p)), 1)
+                .replacen("\n  clusters:\n", &format!("\n  clusters:\n{}", plain_cluster(&lb_endpoints)), 1);
+        }
         let config = template
             .replace("${ADMIN_PORT}", &admin_port.to_string())
             .replace("${LISTEN_PORT}", &port.to_string())
@@ -100,7 +188,7 @@ impl Envoy {
             path.display().to_string(),
             "--disable-hot-restart".into(),
             "--concurrency".into(),
-            "1".into(),
+            extra.concurrency.to_string(),
             "--log-level".into(),
             "info".into(),
         ];
@@ -111,7 +199,7 @@ impl Envoy {
         loop {
             proc.check_alive()?;
             if wait_http_ok(&ready, Duration::from_millis(200)).await.is_ok() {
-                return Ok(Envoy { proc, port, admin_port });
+                return Ok(Envoy { proc, port, admin_port, plain_port });
             }
             if std::time::Instant::now() > deadline {
                 anyhow::bail!("envoy not ready after 60 s; log:\n{}", proc.log_tail(4000));
@@ -121,6 +209,24 @@ impl Envoy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// A URL on the plain round-robin listener (panics when it was not requested).
+    pub fn plain_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.plain_port.expect("Envoy started without plain_listener"), path)
+    }
+
+    /// Envoy's resident set size (`VmRSS` of `/proc/<pid>/status`), KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.proc.pid()?)).ok()?;
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok()
+    }
+
+    /// Every admin stat (text format) whose name matches the regex `filter`, as (name, value).
+    pub async fn stats(&self, filter: &str) -> Result<Vec<(String, String)>> {
+        let url = format!("http://127.0.0.1:{}/stats", self.admin_port);
+        let text = reqwest::Client::new().get(&url).query(&[("filter", filter)]).send().await?.text().await?;
+        Ok(text.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 
     /// A filter counter (`wasmcustom.<name>`), 0 when not yet defined.

@@ -157,6 +157,8 @@ pub struct Seen {
 struct WorkerShared {
     name: String,
     seen: Mutex<Vec<Seen>>,
+    /// Keep what reached the worker (`seen`); benchmarks turn it off (megabyte bodies).
+    record: bool,
 }
 
 pub struct FakeWorker {
@@ -183,8 +185,21 @@ pub fn json_body(worker: &str) -> String {
 
 impl FakeWorker {
     pub async fn start(name: &str) -> Result<FakeWorker> {
-        let shared = Arc::new(WorkerShared { name: name.to_string(), seen: Mutex::default() });
-        let app = Router::new().route("/v1/models", get(models)).fallback(any_path).with_state(shared.clone());
+        FakeWorker::start_with(name, true).await
+    }
+
+    /// A worker that does not keep the requests it answers (for benchmarks).
+    pub async fn start_unrecorded(name: &str) -> Result<FakeWorker> {
+        FakeWorker::start_with(name, false).await
+    }
+
+    async fn start_with(name: &str, record: bool) -> Result<FakeWorker> {
+        let shared = Arc::new(WorkerShared { name: name.to_string(), seen: Mutex::default(), record });
+        let app = Router::new()
+            .route("/v1/models", get(models))
+            .route("/metrics", get(metrics))
+            .fallback(any_path)
+            .with_state(shared.clone());
         let port = free_port();
         let task = serve(port, app).await?;
         Ok(FakeWorker { port, name: name.to_string(), shared, _task: task })
@@ -203,9 +218,28 @@ async fn models(State(s): State<Arc<WorkerShared>>) -> Response {
     ([("x-sim-worker", s.name.clone())], format!("{{\"object\":\"list\",\"data\":[{{\"id\":\"m\",\"owned_by\":\"{}\"}}]}}", s.name)).into_response()
 }
 
+/// vLLM-shaped `/metrics` of an idle engine (block size 16), enough for the real
+/// `kvroute-state` scraper to count the worker healthy with zero load.
+pub const IDLE_VLLM_METRICS: &str = "\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size=\"16\",engine=\"0\",enable_prefix_caching=\"True\",num_gpu_blocks=\"27000\"} 1.0
+";
+
+async fn metrics() -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], IDLE_VLLM_METRICS).into_response()
+}
+
 async fn any_path(State(s): State<Arc<WorkerShared>>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let path = uri.path().to_string();
-    s.seen.lock().push(Seen { path: path.clone(), headers, body: body.clone() });
+    if s.record {
+        s.seen.lock().push(Seen { path: path.clone(), headers, body: body.clone() });
+    }
     let name = s.name.clone();
     if !path.starts_with("/v1/") {
         return ([("x-sim-worker", name.clone())], format!("other {path} on {name}")).into_response();
