@@ -11,7 +11,10 @@
 //! the state service owns; for those this module keeps the JSON the template needs
 //! ([`Prompt::Chat::template_input`]) and a canonical text for approximate text-chunk keys.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// Which API a request was sent to.
@@ -113,19 +116,42 @@ fn invalid(field: &'static str, why: &'static str) -> ParseError {
     ParseError::Invalid { field, why }
 }
 
+mod scan;
+
+/// The body's top-level fields as raw JSON, when [`scan`] declines the body.
+#[derive(serde::Deserialize)]
+struct RawFields<'a>(#[serde(borrow)] HashMap<Cow<'a, str>, &'a RawValue>);
+
 /// Parses a request body sent to `api`.
+///
+/// The body is first split into top-level fields (the fast [`scan`], else serde_json), and only
+/// then are fields parsed: a token-id prompt goes straight into a `Vec<u32>`, which keeps long
+/// prompts cheap in the filter (`examples/parse_bench.rs`).
 pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ParseError::NotJson(e.to_string()))?;
-    let Value::Object(obj) = value else {
-        return Err(ParseError::NotObject);
+    let fields: Vec<(Cow<str>, &[u8])> = match scan::top_level_fields(body) {
+        Some(fields) => fields.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect(),
+        None => {
+            let RawFields(fields) = serde_json::from_slice(body).map_err(|e| classify(body, e))?;
+            fields.into_iter().map(|(k, v)| (k, v.get().as_bytes())).collect()
+        }
     };
+    let mut obj = Map::new();
+    let mut raw_prompt = None;
+    for (name, raw) in fields {
+        if api == Api::Completions && name == "prompt" {
+            raw_prompt = Some(raw);
+            continue;
+        }
+        let value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
+        obj.insert(name.into_owned(), value);
+    }
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(invalid("model", "must be a string")),
         None => return Err(ParseError::Missing("model")),
     };
     let prompt = match api {
-        Api::Completions => completion_prompt(&obj)?,
+        Api::Completions => completion_prompt(raw_prompt)?,
         Api::ChatCompletions | Api::Messages => chat_prompt(api, &obj)?,
     };
     let stream = match obj.get("stream") {
@@ -146,9 +172,22 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
     Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt })
 }
 
-fn completion_prompt(obj: &Map<String, Value>) -> Result<Prompt, ParseError> {
-    let prompt = obj.get("prompt").ok_or(ParseError::Missing("prompt"))?;
-    match prompt {
+/// Why a body is not a JSON object: not JSON at all, or JSON of another shape.
+fn classify(body: &[u8], error: serde_json::Error) -> ParseError {
+    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        Ok(_) => ParseError::NotObject,
+        Err(_) => ParseError::NotJson(error.to_string()),
+    }
+}
+
+fn completion_prompt(raw: Option<&[u8]>) -> Result<Prompt, ParseError> {
+    let raw = raw.ok_or(ParseError::Missing("prompt"))?;
+    // The common case for exact routing: a flat array of token ids.
+    if let Some(ids) = scan::token_array(raw) {
+        return Ok(Prompt::Tokens(ids));
+    }
+    let prompt: Value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
+    match &prompt {
         Value::String(s) => Ok(Prompt::Text(s.clone())),
         Value::Array(items) => match items.first() {
             None => Err(invalid("prompt", "must not be empty")),
