@@ -77,8 +77,9 @@ impl Frame {
         );
     }
 
-    fn series(&mut self, i: usize, name: &str, pts: &[(f64, f64)], step: bool) {
-        let c = color(name, i);
+    /// Colour by policy; `dash` (an SVG dash pattern, "" = solid) tells a sweep's rates apart.
+    fn series(&mut self, i: usize, policy: &str, name: &str, dash: &str, pts: &[(f64, f64)], step: bool) {
+        let c = color(policy, i);
         let mut d = String::new();
         let mut prev_y = None;
         for (k, &(x, y)) in pts.iter().enumerate() {
@@ -91,7 +92,7 @@ impl Frame {
             let _ = write!(d, " L{px:.1},{py:.1}");
             prev_y = Some(py);
         }
-        let _ = write!(self.svg, "<path d=\"{d}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>");
+        let _ = write!(self.svg, "<path d=\"{d}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" stroke-dasharray=\"{dash}\"/>");
         if !step {
             for &(x, y) in pts {
                 let _ = write!(self.svg, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>", self.px(x), self.py(y));
@@ -99,7 +100,7 @@ impl Frame {
         }
         let ly = T + 16.0 + i as f64 * 20.0;
         let lx = W - R + 14.0;
-        let _ = write!(self.svg, "<line x1=\"{lx}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/><text x=\"{}\" y=\"{}\">{}</text>", lx + 22.0, lx + 28.0, ly + 4.0, esc(name));
+        let _ = write!(self.svg, "<line x1=\"{lx}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\" stroke-dasharray=\"{dash}\"/><text x=\"{}\" y=\"{}\">{}</text>", lx + 22.0, lx + 28.0, ly + 4.0, esc(name));
     }
 
     fn finish(mut self) -> String {
@@ -112,20 +113,33 @@ fn fmt_tick(v: f64) -> String {
     if v == 0.0 || (v.abs() >= 1.0 && v.fract() == 0.0) { format!("{v:.0}") } else if v.abs() >= 0.1 { format!("{v:.1}") } else { format!("{v}") }
 }
 
-/// TTFT CDF per pass (one line per policy; the label carries the rate in sweeps).
+/// Dash patterns for the rates of a sweep, in the order they ran.
+const DASHES: &[&str] = &["", "7 4", "2 3", "10 3 2 3"];
+
+/// TTFT CDF per pass: colour by policy; in sweeps, the dash pattern by rate and the label
+/// carries the rate.
 pub fn ttft_cdf_svg(report: &RunReport, title: &str) -> String {
-    let series: Vec<(String, Vec<(f64, f64)>)> = report
+    let mut rates: Vec<f64> = Vec::new();
+    for r in report.passes.iter().filter_map(|p| p.rate) {
+        if !rates.contains(&r) {
+            rates.push(r);
+        }
+    }
+    let series: Vec<(&str, String, &str, Vec<(f64, f64)>)> = report
         .passes
         .iter()
         .map(|p| {
-            let name = match (p.rate, report.passes.iter().filter(|q| q.policy == p.policy).count() > 1) {
-                (Some(r), true) => format!("{} @{r:.2}/s", p.policy),
-                _ => p.policy.clone(),
+            let (name, dash) = match p.rate.filter(|_| rates.len() > 1) {
+                Some(r) => {
+                    let k = rates.iter().position(|&x| x == r).unwrap_or(0);
+                    (format!("{} {r}/s", p.policy), DASHES[k % DASHES.len()])
+                }
+                None => (p.policy.clone(), ""),
             };
-            (name, ttft_cdf(&p.samples))
+            (p.policy.as_str(), name, dash, ttft_cdf(&p.samples))
         })
         .collect();
-    let all = series.iter().flat_map(|(_, s)| s.iter().map(|p| p.0));
+    let all = series.iter().flat_map(|(_, _, _, s)| s.iter().map(|p| p.0));
     let (lo, hi) = all.fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
     let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (0.01, 1.0) };
     let lo_dec = lo.max(1e-3).log10().floor() as i32;
@@ -137,8 +151,8 @@ pub fn ttft_cdf_svg(report: &RunReport, title: &str) -> String {
     if report.slo.ttft_s > f.x.0 && report.slo.ttft_s < f.x.1 {
         let _ = write!(f.svg, "<line x1=\"{slo_x:.1}\" y1=\"{T}\" x2=\"{slo_x:.1}\" y2=\"{}\" stroke=\"#000\" stroke-dasharray=\"4 4\"/><text x=\"{:.1}\" y=\"{}\">SLO</text>", H - B, slo_x + 4.0, T + 12.0);
     }
-    for (i, (name, pts)) in series.iter().enumerate() {
-        f.series(i, name, pts, true);
+    for (i, (policy, name, dash, pts)) in series.iter().enumerate() {
+        f.series(i, policy, name, dash, pts, true);
     }
     f.finish()
 }
@@ -163,7 +177,7 @@ pub fn goodput_svg(report: &RunReport, title: &str) -> String {
     for (i, name) in order.iter().enumerate() {
         let mut pts = by_policy[name].clone();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        f.series(i, name, &pts, false);
+        f.series(i, name, name, "", &pts, false);
     }
     f.finish()
 }
@@ -207,6 +221,10 @@ mod tests {
             assert!(!svg.contains("NaN") && !svg.contains("inf"));
             assert!(svg.len() < 40_000);
         }
-        assert!(ttft_cdf_svg(&r, "t").contains("kvroute @2.00/s"));
+        let cdf = ttft_cdf_svg(&r, "t");
+        assert!(cdf.contains(">kvroute 2/s<"), "{cdf}");
+        // Colour follows the policy, the dash pattern the rate.
+        assert_eq!(cdf.matches(&format!("stroke=\"{}\"", color("kvroute", 0))).count(), 4, "2 lines + 2 legend marks");
+        assert!(cdf.contains(&format!("stroke-dasharray=\"{}\"", DASHES[1])));
     }
 }
