@@ -175,9 +175,13 @@ impl AppState {
         self.update_in_flight();
     }
 
-    /// Forgets learned approximate keys, speculative credit and assignments (between
-    /// benchmark passes). Index, load and calibration are facts about the workers and stay.
+    /// Forgets learned approximate keys, speculative credit, assignments and calibration
+    /// (between benchmark passes: each starts from the same priors, so one policy's overload
+    /// does not shape the next one's costs). Index and load are facts about the workers and stay.
     pub fn reset(&self) {
+        for worker in self.registry.read().all() {
+            worker.calibration.lock().reset();
+        }
         self.assignments.lock().clear();
         self.speculative.lock().clear();
         self.approx.lock().clear();

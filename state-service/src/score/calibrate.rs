@@ -5,7 +5,10 @@
 //! weighted least squares (old samples decay, so a worker that slows down is followed), with a
 //! ridge pull toward the configured priors: before any report, and whenever the samples cannot
 //! tell the two costs apart (all requests the same size), the priors answer. Costs never go
-//! negative.
+//! negative, and stay within [`PRIOR_FACTOR`] of the priors: TTFTs of an overload episode
+//! carry queueing the model cannot see, and must not teach the router that prefill is free or
+//! that a request costs seconds (a fit like that turns kvroute into "least queued" and it
+//! stops keeping prefixes together).
 
 use super::model::Features;
 
@@ -13,6 +16,8 @@ use super::model::Features;
 const DECAY: f64 = 0.98;
 /// How many reports the priors are worth.
 const PRIOR_WEIGHT: f64 = 1.0;
+/// How far the fit may move from the priors, either way.
+pub const PRIOR_FACTOR: f64 = 10.0;
 
 /// Serializable so the Redis store can keep the latest fit for warm starts.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -64,6 +69,16 @@ impl Calibration {
         self.samples
     }
 
+    /// Forgets every report: back to the priors.
+    pub fn reset(&mut self) {
+        for s in [&mut self.snn, &mut self.snx, &mut self.sxx, &mut self.sny, &mut self.sxy] {
+            *s = 0.0;
+        }
+        self.samples = 0;
+        self.overhead_ms = self.prior_overhead;
+        self.per_token_ms = self.prior_per_token;
+    }
+
     /// Adds one report: the features recorded at pick time and the TTFT that followed.
     /// Nonsense (non-finite, non-positive TTFT or features) is ignored.
     pub fn observe(&mut self, f: &Features, actual_ms: f64) -> bool {
@@ -106,8 +121,8 @@ impl Calibration {
             b = 0.0;
             a = (v0 / m00).max(0.0);
         }
-        self.overhead_ms = a;
-        self.per_token_ms = b;
+        self.overhead_ms = a.min(self.prior_overhead * PRIOR_FACTOR);
+        self.per_token_ms = b.clamp(self.prior_per_token / PRIOR_FACTOR, self.prior_per_token * PRIOR_FACTOR);
     }
 }
 
@@ -157,6 +172,22 @@ mod tests {
             }
         }
         assert!(close(c.per_token_ms(), 0.3, 0.05), "per_token {}", c.per_token_ms());
+    }
+
+    #[test]
+    fn stays_within_a_factor_of_the_priors_and_resets_to_them() {
+        let mut c = Calibration::new(15.0, 0.1, 512);
+        for _ in 0..200 {
+            // An overload episode: minutes of queueing the features do not show.
+            c.observe(&Features { requests: 1.0, tokens: 200.0, fixed_ms: 0.0 }, 90_000.0);
+        }
+        assert!(c.overhead_ms() <= 150.0 + 1e-9 && c.per_token_ms() <= 1.0 + 1e-9, "{c:?}");
+        for _ in 0..200 {
+            c.observe(&Features { requests: 1.0, tokens: 6000.0, fixed_ms: 0.0 }, 1.0);
+        }
+        assert!(c.per_token_ms() >= 0.01 - 1e-12, "{c:?}");
+        c.reset();
+        assert_eq!((c.overhead_ms(), c.per_token_ms(), c.samples()), (15.0, 0.1, 0));
     }
 
     #[test]
