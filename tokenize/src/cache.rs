@@ -30,8 +30,8 @@ impl PieceHash {
     }
 }
 
-/// Cache counters, for metrics.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+/// Cache counters, for metrics and status views.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
     pub hits: u64,
     pub misses: u64,

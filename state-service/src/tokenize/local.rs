@@ -42,32 +42,7 @@ pub struct TokenizerStatus {
     pub status: &'static str,
     pub dir: Option<String>,
     pub error: Option<String>,
-    pub cache: Option<CacheView>,
-}
-
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct CacheView {
-    pub hits: u64,
-    pub misses: u64,
-    pub hit_bytes: u64,
-    pub miss_bytes: u64,
-    pub bytes: u64,
-    pub entries: u64,
-    pub capacity_bytes: u64,
-}
-
-impl From<CacheStats> for CacheView {
-    fn from(s: CacheStats) -> Self {
-        CacheView {
-            hits: s.hits,
-            misses: s.misses,
-            hit_bytes: s.hit_bytes,
-            miss_bytes: s.miss_bytes,
-            bytes: s.bytes,
-            entries: s.entries,
-            capacity_bytes: s.capacity_bytes,
-        }
-    }
+    pub cache: Option<CacheStats>,
 }
 
 pub struct LocalTokenizers {
@@ -185,7 +160,7 @@ impl LocalTokenizers {
         let (status, error, cache) = match (&slot.dir, slot.loaded.get()) {
             (None, _) => ("not_configured", None, None),
             (Some(_), None) => ("not_loaded", None, None),
-            (Some(_), Some(Ok(t))) => ("loaded", None, Some(CacheView::from(t.cache_stats()))),
+            (Some(_), Some(Ok(t))) => ("loaded", None, Some(t.cache_stats())),
             (Some(_), Some(Err(e))) => ("failed", Some(e.clone()), None),
         };
         TokenizerStatus { status, dir, error, cache }
