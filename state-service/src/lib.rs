@@ -7,6 +7,7 @@ pub mod app;
 pub mod assign;
 pub mod config;
 pub mod events;
+pub(crate) mod hasher;
 pub mod index;
 pub mod ingest;
 pub mod load;

@@ -184,7 +184,8 @@ fn matches(state: &AppState, workers: &[Arc<WorkerEntry>], prompt: &PromptView, 
         .iter()
         .map(|w| {
             let indexed = w.slots().filter_map(|s| by_engine.get(&s).copied()).max().unwrap_or(0);
-            indexed.max(speculative.get(&w.id).copied().unwrap_or(0))
+            let credited = speculative.iter().find(|(id, _)| id == &w.id).map_or(0, |(_, n)| *n);
+            indexed.max(credited)
         })
         .collect()
 }

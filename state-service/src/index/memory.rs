@@ -28,13 +28,12 @@
 //! Lock order is always engine -> shard, so there is no deadlock, and a pick never waits for
 //! a whole batch. A pick may see a batch half applied, which is harmless for routing.
 
-mod hasher;
 mod holders;
 pub mod snapshot;
 
 use super::{ApplyStats, KvIndex, PrefixMatch};
 use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
-use hasher::SeededState;
+use crate::hasher::SeededState;
 use holders::Shard;
 use kvroute_core::keys::{extend_token_keys, KeyRoot};
 use parking_lot::{Mutex, RwLock};

@@ -10,7 +10,7 @@
 //! A shard records presence only. One engine reaching the same key through several of its
 //! own block hashes is counted by the engine (see `memory.rs`), not here.
 
-use super::hasher::SeededState;
+use crate::hasher::SeededState;
 use crate::types::BlockKey;
 use std::collections::HashMap;
 
