@@ -96,9 +96,13 @@ impl Load {
 /// here on the subscriber has seen everything the caches hold.
 pub fn settle_subscription(sims: &Sims, mut subscribed: impl FnMut(usize) -> bool) {
     let model = sims.layout[0].model.clone();
+    let mut attempt = 0u32;
     for (i, l) in sims.layout.iter().enumerate() {
         wait_until("the subscriber to see events", || {
-            let body = serde_json::json!({ "model": model, "prompt": (0..40).collect::<Vec<u32>>(), "max_tokens": 1 });
+            // A new prompt each time: a repeated one hits the cache and publishes nothing,
+            // and the subscriber notices a missed first batch only from a later one.
+            attempt += 1;
+            let body = serde_json::json!({ "model": model, "prompt": (0..40).map(|t| attempt * 1000 + t).collect::<Vec<u32>>(), "max_tokens": 1 });
             sims.rt.block_on(async { reqwest::Client::new().post(format!("{}/v1/completions", l.http)).json(&body).send().await.is_ok() });
             subscribed(i)
         });
