@@ -2,22 +2,32 @@
 //! KV events. After each pick every chunk key of the request maps to the chosen worker; a
 //! later request is sent where its longest learned chunk prefix went. Bounded: the least
 //! recently learned keys are forgotten first.
+//!
+//! A pick learns every key of its prompt (547 for a 32k-token text), so the recency order is
+//! a queue with lazy deletion rather than an ordered map: relearning a key leaves its old
+//! place in the queue stale, eviction skips stale places, and the queue is compacted when
+//! stale places outnumber live ones.
 
+use crate::hasher::SeededState;
 use crate::types::{BlockKey, WorkerId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug)]
 pub struct ApproxMap {
     capacity: usize,
     tick: u64,
-    map: HashMap<BlockKey, (WorkerId, u64)>,
-    /// tick of last learning -> key, oldest first.
-    order: BTreeMap<u64, BlockKey>,
+    /// Interned workers: the map refers to them by index.
+    workers: Vec<WorkerId>,
+    /// key -> (worker, tick of last learning).
+    map: HashMap<BlockKey, (u32, u64), SeededState>,
+    /// (tick, key) in learning order, oldest first; stale when the key was learned again.
+    order: VecDeque<(u64, BlockKey)>,
 }
 
 impl ApproxMap {
     pub fn new(capacity: usize) -> Self {
-        ApproxMap { capacity: capacity.max(1), tick: 0, map: HashMap::new(), order: BTreeMap::new() }
+        let capacity = capacity.max(1);
+        ApproxMap { capacity, tick: 0, workers: Vec::new(), map: HashMap::default(), order: VecDeque::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -36,39 +46,55 @@ impl ApproxMap {
     /// Per worker, how many leading `keys` were last routed to it. Keys are chained, so the
     /// walk stops at the first key nobody learned.
     pub fn matches(&self, keys: &[BlockKey]) -> HashMap<WorkerId, u32> {
-        let mut out = HashMap::new();
+        let mut held = vec![0u32; self.workers.len()];
         for (i, key) in keys.iter().enumerate() {
-            let Some((worker, _)) = self.map.get(key) else { break };
-            out.insert(worker.clone(), i as u32 + 1);
+            let Some(&(w, _)) = self.map.get(key) else { break };
+            held[w as usize] = i as u32 + 1;
         }
-        out
+        self.workers.iter().zip(held).filter(|(_, n)| *n > 0).map(|(w, n)| (w.clone(), n)).collect()
     }
 
     /// Remembers that `keys` went to `worker`.
     pub fn learn(&mut self, keys: &[BlockKey], worker: &WorkerId) {
+        let w = match self.workers.iter().position(|x| x == worker) {
+            Some(i) => i as u32,
+            None => {
+                self.workers.push(worker.clone());
+                (self.workers.len() - 1) as u32
+            }
+        };
         for key in keys {
             self.tick += 1;
-            if let Some((_, old_tick)) = self.map.insert(*key, (worker.clone(), self.tick)) {
-                self.order.remove(&old_tick);
-            }
-            self.order.insert(self.tick, *key);
+            self.map.insert(*key, (w, self.tick));
+            self.order.push_back((self.tick, *key));
         }
         while self.map.len() > self.capacity {
-            let Some((_, key)) = self.order.pop_first() else { break };
-            self.map.remove(&key);
+            let Some((tick, key)) = self.order.pop_front() else { break };
+            if self.is_live(tick, &key) {
+                self.map.remove(&key);
+            }
+        }
+        if self.order.len() > 2 * self.map.len() + 1024 {
+            self.compact();
         }
     }
 
     /// Forgets every key learned for `worker` (it was deregistered).
     pub fn forget_worker(&mut self, worker: &WorkerId) {
-        let order = &mut self.order;
-        self.map.retain(|_, (w, tick)| {
-            let keep = w != worker;
-            if !keep {
-                order.remove(tick);
-            }
-            keep
-        });
+        let Some(w) = self.workers.iter().position(|x| x == worker).map(|i| i as u32) else { return };
+        self.map.retain(|_, (x, _)| *x != w);
+        self.compact();
+    }
+
+    fn is_live(&self, tick: u64, key: &BlockKey) -> bool {
+        self.map.get(key).is_some_and(|&(_, t)| t == tick)
+    }
+
+    /// Drops the queue's stale places.
+    fn compact(&mut self) {
+        let mut order = std::mem::take(&mut self.order);
+        order.retain(|(tick, key)| self.is_live(*tick, key));
+        self.order = order;
     }
 }
 
@@ -107,5 +133,22 @@ mod tests {
         assert_eq!(m.matches(&keys(10..13)).get(&a), Some(&3));
         m.forget_worker(&a);
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn relearning_keeps_the_queue_bounded_and_recency_right() {
+        let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
+        let mut m = ApproxMap::new(8);
+        for _ in 0..1000 {
+            m.learn(&keys(0..4), &a);
+        }
+        assert!(m.order.len() <= 2 * m.len() + 1024, "stale places are compacted");
+        m.learn(&keys(10..14), &b);
+        m.learn(&keys(0..1), &a);
+        // Capacity 8 is full; the next key evicts the least recently learned: 1, not 0.
+        m.learn(&keys(20..21), &b);
+        assert_eq!(m.matches(&keys(0..4)).get(&a), Some(&1));
+        assert_eq!(m.matches(&keys(10..14)).get(&b), Some(&4));
+        assert_eq!(m.len(), 8);
     }
 }
