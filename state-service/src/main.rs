@@ -11,6 +11,12 @@ use kvroute_state::store::{redis::RedisStore, StoreKind};
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
+/// Tokenizing a cold prompt is allocation-bound (a `String` and offsets per token inside
+/// `tokenizers`): mimalloc halves it against glibc's malloc (8k words 17.4 -> 8.2 ms,
+/// `cargo run -p kvroute-tokenize --release --example plain_text_bench`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
