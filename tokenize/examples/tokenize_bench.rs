@@ -15,6 +15,10 @@ use serde_json::{json, Value as Json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The allocator `kvroute-state` runs on.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn tokenizer_dir() -> anyhow::Result<PathBuf> {
     if let Some(d) = std::env::var_os("KVROUTE_TOKENIZER_DIR") {
         return Ok(PathBuf::from(d));
