@@ -180,7 +180,7 @@ mod tests {
 
         // Turn two's rendering re-tokenizes turn one's answer to the ids turn one cached.
         let turn1 = serde_json::json!({"messages": [{"role": "user", "content": "Explain prefix caching."}], "add_generation_prompt": true});
-        let prompt = tok.encode_chat(&turn1.to_string()).unwrap();
+        let prompt = tok.encode_chat(&turn1.to_string(), kvroute_tokenize::Api::ChatCompletions).unwrap();
         for seed in 0..50 {
             let a = tok.answer(seed, 40).unwrap();
             let turn2 = serde_json::json!({"messages": [
@@ -188,7 +188,7 @@ mod tests {
                 {"role": "assistant", "content": tok.decode(&a.ids).unwrap()},
                 {"role": "user", "content": "And routing?"},
             ], "add_generation_prompt": true});
-            let ids = tok.encode_chat(&turn2.to_string()).unwrap();
+            let ids = tok.encode_chat(&turn2.to_string(), kvroute_tokenize::Api::ChatCompletions).unwrap();
             assert_eq!(ids[..prompt.len() + 40], [prompt.as_slice(), a.ids.as_slice()].concat(), "seed {seed}");
         }
     }

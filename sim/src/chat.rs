@@ -62,23 +62,25 @@ impl ChatTokenizer {
         }
     }
 
-    /// The prompt text of a chat request body (`/v1/chat/completions` or `/tokenize`).
-    pub fn render_chat(&self, body: &str) -> Result<String, ChatError> {
+    /// The prompt text of a chat request body: `/v1/chat/completions` or `/tokenize`
+    /// (`Api::ChatCompletions`), or `/v1/messages` (`Api::Messages`, converted to chat
+    /// messages as vLLM's Anthropic endpoint converts them).
+    pub fn render_chat(&self, body: &str, api: Api) -> Result<String, ChatError> {
         match self {
-            ChatTokenizer::Model { tokenizer: t, .. } => t.render_chat(body, Api::ChatCompletions).map(|r| r.text),
+            ChatTokenizer::Model { tokenizer: t, .. } => t.render_chat(body, api).map(|r| r.text),
             ChatTokenizer::ByteFallback(template) => {
                 let template = template.as_ref().ok_or_else(|| ChatError::Template("fallback template did not compile".into()))?;
-                let parsed = input::parse(body, Api::ChatCompletions, FALLBACK_TEMPLATE, &RenderSettings::default())?;
+                let parsed = input::parse(body, api, FALLBACK_TEMPLATE, &RenderSettings::default())?;
                 template.render(&parsed.render)
             }
         }
     }
 
     /// Renders then encodes without special tokens, as vLLM does for chat requests.
-    pub fn encode_chat(&self, body: &str) -> Result<Vec<u32>, ChatError> {
+    pub fn encode_chat(&self, body: &str, api: Api) -> Result<Vec<u32>, ChatError> {
         match self {
-            ChatTokenizer::Model { tokenizer: t, .. } => t.encode_chat(body, Api::ChatCompletions),
-            ChatTokenizer::ByteFallback(_) => Ok(bytes(&self.render_chat(body)?)),
+            ChatTokenizer::Model { tokenizer: t, .. } => t.encode_chat(body, api),
+            ChatTokenizer::ByteFallback(_) => Ok(bytes(&self.render_chat(body, api)?)),
         }
     }
 
@@ -103,11 +105,15 @@ mod tests {
     fn byte_fallback_renders_chatml_bytes() {
         let tok = ChatTokenizer::byte_fallback();
         let body = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#;
-        assert_eq!(tok.render_chat(body).unwrap(), "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n");
-        assert_eq!(tok.encode_chat(body).unwrap().len(), "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n".len());
+        assert_eq!(tok.render_chat(body, Api::ChatCompletions).unwrap(), "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(tok.encode_chat(body, Api::ChatCompletions).unwrap().len(), "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n".len());
         assert_eq!(tok.encode_text("hé").unwrap(), vec![104, 0xc3, 0xa9]);
-        assert!(matches!(tok.render_chat(r#"{"messages":{"role":"user"}}"#), Err(ChatError::Input(_))));
-        assert!(matches!(tok.render_chat(r#"{"messages":[{"content":"x"}]}"#), Err(ChatError::Input(_))));
-        assert!(matches!(tok.render_chat(r#"{"messages":[]}"#), Err(ChatError::Input(_))));
+        assert!(matches!(tok.render_chat(r#"{"messages":{"role":"user"}}"#, Api::ChatCompletions), Err(ChatError::Input(_))));
+        assert!(matches!(tok.render_chat(r#"{"messages":[{"content":"x"}]}"#, Api::ChatCompletions), Err(ChatError::Input(_))));
+        assert!(matches!(tok.render_chat(r#"{"messages":[]}"#, Api::ChatCompletions), Err(ChatError::Input(_))));
+        // Anthropic: the top-level system becomes the first message, as vLLM converts it.
+        let messages = r#"{"model":"m","max_tokens":5,"system":"S","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+        let chatml = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(tok.render_chat(messages, Api::Messages).unwrap(), chatml);
     }
 }

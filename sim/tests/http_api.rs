@@ -103,3 +103,69 @@ async fn completions_usage_metrics_and_errors() {
     let w0 = state(&client, &cluster.layout[0].http).await;
     assert_eq!(w0["stats"]["requests_finished"], 0);
 }
+
+/// `/v1/messages` as vLLM's Anthropic endpoint serves it: the request converts to the same
+/// prompt as the equivalent chat request; usage splits cache reads out of `input_tokens`;
+/// the stream is Anthropic's event sequence and carries the same text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_messages() {
+    let cluster = start(1, 400).await;
+    let client = reqwest::Client::new();
+    let w = cluster.layout[0].http.clone();
+    let post = |body: Value| {
+        let (client, url) = (client.clone(), format!("{w}/v1/messages"));
+        async move { client.post(url).json(&body).send().await.unwrap() }
+    };
+    let system = "You are a careful assistant who answers in one short sentence.";
+    let question = "What does a prefix cache store?";
+    let ask = |stream: bool| json!({"model": cluster.layout[0].model, "max_tokens": 5, "ignore_eos": true, "stream": stream,
+        "system": system, "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}]});
+
+    let chat = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]});
+    let tok: Value = client.post(format!("{w}/tokenize")).json(&chat).send().await.unwrap().json().await.unwrap();
+    let prompt = tok["count"].as_u64().unwrap();
+
+    let first: Value = post(ask(false)).await.json().await.unwrap();
+    assert_eq!((first["type"].as_str(), first["role"].as_str(), first["stop_reason"].as_str()), (Some("message"), Some("assistant"), Some("max_tokens")), "{first}");
+    assert_eq!(first["usage"]["input_tokens"].as_u64(), Some(prompt), "same prompt as the chat request: {first}");
+    assert_eq!((first["usage"]["output_tokens"].as_u64(), first["usage"]["cache_read_input_tokens"].as_u64()), (Some(5), Some(0)));
+    let text = first["content"][0]["text"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+
+    let sse = post(ask(true)).await.text().await.unwrap();
+    let events: Vec<(String, Value)> = sse
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (name, data) = e.strip_prefix("event: ").and_then(|e| e.split_once("\ndata: ")).unwrap_or_else(|| panic!("event shape: {e:?}"));
+            (name.to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect();
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want = vec!["message_start", "content_block_start"];
+    want.extend(["content_block_delta"; 5]);
+    want.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, want, "{sse}");
+    assert!(events.iter().all(|(n, v)| v["type"] == n.as_str()));
+    let streamed: String = events.iter().filter_map(|(_, v)| v["delta"]["text"].as_str()).collect();
+    assert_eq!(streamed, text, "same prompt, same answer");
+    // The repeat found the prompt's full blocks cached, and says so in both usages.
+    let cached = prompt / 16 * 16;
+    assert_eq!(events[0].1["message"]["usage"]["cache_read_input_tokens"].as_u64(), Some(cached), "{sse}");
+    let done = &events[events.len() - 2].1;
+    assert_eq!(done["delta"]["stop_reason"], "max_tokens");
+    assert_eq!(done["usage"]["input_tokens"].as_u64(), Some(prompt - cached));
+    assert_eq!(done["usage"]["output_tokens"].as_u64(), Some(5));
+
+    // Without ignore_eos the answer ends at the simulated EOS: end_turn.
+    let mut natural = ask(false);
+    natural["max_tokens"] = json!(50);
+    natural["ignore_eos"] = json!(false);
+    let r: Value = post(natural).await.json().await.unwrap();
+    assert_eq!(r["stop_reason"], "end_turn", "{r}");
+
+    let r = post(json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(r.status().as_u16(), 400, "max_tokens is required");
+    let e: Value = r.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains("max_tokens")), "{e}");
+}

@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
+use kvroute_tokenize::Api;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -40,7 +41,7 @@ pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Result<Json<Val
     check_model(&s, req.model.as_deref())?;
     let tokens = match (req.prompt, req.messages) {
         (Some(p), None) => s.tokenizer.encode_text(&p)?,
-        (None, Some(_)) => s.tokenizer.encode_chat(utf8(&body)?)?,
+        (None, Some(_)) => s.tokenizer.encode_chat(utf8(&body)?, Api::ChatCompletions)?,
         _ => return Err(ApiError::BadRequest("give exactly one of `prompt` or `messages`".into())),
     };
     let max_len = s.worker.config().max_model_len;

@@ -1,7 +1,7 @@
-//! `/v1/completions` and `/v1/chat/completions`: parse, tokenize, plan the answer's ids and
-//! text (`answer.rs`), submit to a rank's engine (the one vLLM's DP load balancer picks, or
-//! the one `X-data-parallel-rank` names), then answer in one piece or as a stream (see
-//! `stream.rs`).
+//! `/v1/completions`, `/v1/chat/completions` and (Anthropic) `/v1/messages`: parse,
+//! tokenize, plan the answer's ids and text (`answer.rs`), submit to a rank's engine (the one
+//! vLLM's DP load balancer picks, or the one `X-data-parallel-rank` names), then answer in one
+//! piece or as a stream (see `stream.rs`).
 
 use super::error::{parse_json, ApiError};
 use super::stream::{collect, sse_response, Kind, Params};
@@ -14,6 +14,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
+use kvroute_tokenize::Api;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -98,10 +99,38 @@ pub async fn completions(State(state): State<AppState>, headers: HeaderMap, body
     run(&state, &headers, gen).await
 }
 
+/// vLLM's Anthropic endpoint: the body is converted to chat messages (`system` first, content
+/// blocks, tool use and results) and rendered with the model's chat template; `max_tokens` is
+/// required. Streams always carry usage (vLLM forces `include_usage` for them).
+#[derive(Deserialize)]
+struct MessagesBody {
+    model: Option<String>,
+    #[allow(dead_code)]
+    messages: IgnoredAny,
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    /// Not in Anthropic's API: the simulator's way to get exactly `max_tokens`, as for the
+    /// OpenAI endpoints.
+    #[serde(default)]
+    ignore_eos: bool,
+    cache_salt: Option<String>,
+}
+
+pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req: MessagesBody = parse_json(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    let Some(max) = req.max_tokens else { return Err(ApiError::BadRequest("max_tokens: field required".into())) };
+    let prompt = state.tokenizer.encode_chat(utf8(&body)?, Api::Messages)?;
+    let max = max_tokens(Some(max), 1)?;
+    let gen = Generate { prompt, max_tokens: max, ignore_eos: req.ignore_eos, cache_salt: req.cache_salt, kind: Kind::Messages, stream: req.stream, include_usage: true };
+    run(&state, &headers, gen).await
+}
+
 pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatBody = parse_json(&body)?;
     check_model(&state, req.model.as_deref())?;
-    let prompt = state.tokenizer.encode_chat(utf8(&body)?)?;
+    let prompt = state.tokenizer.encode_chat(utf8(&body)?, Api::ChatCompletions)?;
     // vLLM's chat default: whatever context is left after the prompt.
     let room = state.worker.config().max_model_len.saturating_sub(prompt.len()).max(1);
     let max = max_tokens(req.max_completion_tokens.or(req.max_tokens), room)?;
@@ -151,9 +180,10 @@ fn choose_rank<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Worke
 async fn run(state: &AppState, headers: &HeaderMap, g: Generate) -> Result<Response, ApiError> {
     let rank = choose_rank(state, headers)?;
     let answer = plan_answer(state, &g.prompt, g.max_tokens, g.ignore_eos)?;
+    let prompt_tokens = g.prompt.len();
     let new = NewRequest { id: RequestId(0), prompt: g.prompt, max_tokens: g.max_tokens, ignore_eos: g.ignore_eos, cache_salt: g.cache_salt, output: answer.ids };
     let (id, rx) = rank.submit(new)?;
-    let params = Params { kind: g.kind, model: state.worker.model().to_string(), request: id, include_usage: g.include_usage, pieces: answer.pieces };
+    let params = Params { kind: g.kind, model: state.worker.model().to_string(), request: id, include_usage: g.include_usage, prompt_tokens, pieces: answer.pieces };
     let mut response = if g.stream { sse_response(params, rx) } else { collect(params, rx).await? };
     response.headers_mut().insert("x-sim-dp-rank", HeaderValue::from(rank.dp_rank));
     Ok(response)
