@@ -243,6 +243,66 @@ async fn conversation(s: &ChatStack, conv: usize) -> Result<String> {
     Ok(decision2)
 }
 
+/// An Anthropic `/v1/messages` request of [`ANSWER`] tokens through Envoy, streamed:
+/// (worker, decision header, answer text, the `message_delta` usage).
+async fn anthropic(s: &ChatStack, system: &str, messages: &[Value]) -> Result<(String, String, String, Value)> {
+    let body = json!({"model": MODEL, "system": system, "messages": messages, "max_tokens": ANSWER, "ignore_eos": true, "stream": true});
+    let r = s.client.post(s.envoy.url("/v1/messages")).json(&body).send().await?;
+    if r.status() != 200 {
+        bail!("status {}: {}", r.status(), s.logs());
+    }
+    let (worker, decision) = (header(&r, "x-sim-worker"), header(&r, "x-kvroute-decision"));
+    let sse = r.text().await?;
+    let events: Vec<Value> = sse.split("\n\n").filter_map(|e| serde_json::from_str(e.split_once("\ndata: ")?.1).ok()).collect();
+    let text: String = events.iter().filter_map(|e| e["delta"]["text"].as_str()).collect();
+    let usage = events.iter().find(|e| e["type"] == "message_delta").map(|e| e["usage"].clone()).with_context(|| format!("message_delta in {sse}"))?;
+    s.wait_idle().await?;
+    Ok((worker, decision, text, usage))
+}
+
+/// Anthropic's Messages API (vLLM's `/v1/messages`, as agents speaking Anthropic use it):
+/// the state service converts and renders the request as vLLM does, so turn two lands on turn
+/// one's worker with every shared full block matched, and the worker's own usage reports
+/// exactly those tokens as cache reads. The stream's reports close every assignment.
+#[tokio::test]
+async fn anthropic_turn_two_hits_turn_one_worker_exactly() -> Result<()> {
+    let s = ChatStack::start(3, tokenizer_fixture()?, "").await?;
+    let system = "You are the kvroute project's careful assistant; answer in detail. ".repeat(20);
+    let user = |text: &str| json!({"role": "user", "content": [{"type": "text", "text": text}]});
+    let mut messages = vec![user("Explain prefix caching in detail.")];
+    // The same conversation as OpenAI chat messages: what the worker renders and caches.
+    let mut chat = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": "Explain prefix caching in detail."})];
+    let turn1 = s.worker_ids(&chat).await?;
+    let (first, decision1, text, usage1) = anthropic(&s, &system, &messages).await?;
+    let w: usize = first.parse().with_context(|| format!("x-sim-worker {first:?}"))?;
+    assert_eq!(usage1["input_tokens"].as_u64(), Some(turn1.len() as u64), "converted like the chat request: {usage1}");
+    assert_eq!(decision_field(&decision1, "tokenization").as_deref(), Some("local"), "{decision1}");
+    assert_eq!(decision_field(&decision1, "total"), Some((turn1.len() / BLOCK).to_string()), "{decision1}");
+
+    let answer_ids = s.text_ids(&text).await?;
+    assert_eq!(answer_ids.len(), ANSWER, "the streamed answer re-tokenizes to the generated ids: {text:?}");
+    let computed = [turn1.as_slice(), answer_ids.as_slice()].concat();
+    let cached_blocks = (computed.len() - 1) / BLOCK;
+    s.wait_index(w, cached_blocks as u64).await?;
+
+    messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": text}]}));
+    messages.push(user("And how does routing use it?"));
+    chat.push(json!({"role": "assistant", "content": text}));
+    chat.push(json!({"role": "user", "content": "And how does routing use it?"}));
+    let turn2 = s.worker_ids(&chat).await?;
+    assert_eq!(common_prefix(&computed, &turn2), computed.len(), "turn two's rendering starts with turn one's prompt and answer");
+    let shared_blocks = cached_blocks.min((turn2.len() - 1) / BLOCK);
+    let (second, decision2, _, usage2) = anthropic(&s, &system, &messages).await?;
+    assert_eq!(second, first, "{decision2}\n{}", s.logs());
+    assert_eq!(decision_field(&decision2, "matched"), Some(shared_blocks.to_string()), "{decision2}");
+    assert_eq!(decision_field(&decision2, "degraded").as_deref(), Some("none"), "{decision2}");
+    assert_eq!(usage2["cache_read_input_tokens"].as_u64(), Some((shared_blocks * BLOCK) as u64), "{usage2}");
+    assert_eq!(usage2["input_tokens"].as_u64(), Some((turn2.len() - shared_blocks * BLOCK) as u64), "{usage2}");
+    let m = s.state_metrics().await?;
+    assert_eq!(metric(&m, r#"kvroute_tokenization_total{path="local"}"#), 2, "{m}");
+    Ok(())
+}
+
 fn metric(text: &str, series: &str) -> u64 {
     text.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
 }
