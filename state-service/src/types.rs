@@ -21,6 +21,56 @@ impl WorkerId {
     }
 }
 
+/// Workers by small index, for tables with an entry per key (speculative credit, learned
+/// routes): a `u32` per entry instead of a `WorkerId`. A released slot is reused, so worker
+/// churn does not grow the table; release a worker only once no entry refers to it.
+#[derive(Debug, Default)]
+pub struct WorkerSlots {
+    slots: Vec<Option<WorkerId>>,
+}
+
+impl WorkerSlots {
+    pub fn find(&self, worker: &WorkerId) -> Option<u32> {
+        self.slots.iter().position(|w| w.as_ref() == Some(worker)).map(|i| i as u32)
+    }
+
+    pub fn intern(&mut self, worker: &WorkerId) -> u32 {
+        if let Some(i) = self.find(worker) {
+            return i;
+        }
+        match self.slots.iter().position(Option::is_none) {
+            Some(i) => {
+                self.slots[i] = Some(worker.clone());
+                i as u32
+            }
+            None => {
+                self.slots.push(Some(worker.clone()));
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn release(&mut self, slot: u32) {
+        if let Some(w) = self.slots.get_mut(slot as usize) {
+            *w = None;
+        }
+    }
+
+    /// Slots in use or free: the length of a per-slot table.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// `(worker, count)` for every slot whose count in `per_slot` is not zero.
+    pub fn named(&self, per_slot: Vec<u32>) -> Vec<(WorkerId, u32)> {
+        self.slots.iter().zip(per_slot).filter_map(|(w, n)| Some((w.clone()?, n)).filter(|_| n > 0)).collect()
+    }
+}
+
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -5,9 +5,9 @@
 //!
 //! Keys are chained: a key stands for its whole prefix, so one credited key at position `q`
 //! proves that the worker was credited with this request's first `q + 1` keys. A credit
-//! therefore records only every [`STRIDE`]-th key and the last one (33 of an 8k-token
-//! prompt's 512). A lookup walks the sampled positions while any worker holds them, then
-//! looks at every position of the stride after each worker's last sampled hit, where a
+//! therefore records only every [`STRIDE`]-th key and the last one (32 of an 8k-token
+//! prompt's 512). A lookup reads every sampled position of the request's keys, then looks
+//! at every position of the stride after each worker's last sampled hit, where a
 //! credited prompt's last key can be. A request that extends a credited prompt (the next
 //! turn) matches it exactly; one that leaves it inside a stride (same system prompt, another
 //! question) matches it rounded down to a multiple of the stride: under 256 tokens at block
@@ -23,7 +23,7 @@
 //! a key that already has that many keeps them and records no more until one expires.
 
 use crate::hasher::SeededState;
-use crate::types::{BlockKey, WorkerId};
+use crate::types::{BlockKey, WorkerId, WorkerSlots};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -40,15 +40,14 @@ type Holders = [(u32, u32); HOLDERS];
 #[derive(Debug)]
 pub struct Speculative {
     ttl: Duration,
-    /// Interned workers: credit refers to them by index.
-    workers: Vec<WorkerId>,
+    workers: WorkerSlots,
     by_key: HashMap<BlockKey, Holders, SeededState>,
     queue: VecDeque<(Instant, u32, Vec<BlockKey>)>,
 }
 
 impl Speculative {
     pub fn new(ttl: Duration) -> Self {
-        Speculative { ttl, workers: Vec::new(), by_key: HashMap::default(), queue: VecDeque::new() }
+        Speculative { ttl, workers: WorkerSlots::default(), by_key: HashMap::default(), queue: VecDeque::new() }
     }
 
     /// Number of keys with live credit.
@@ -65,21 +64,11 @@ impl Speculative {
         self.queue.clear();
     }
 
-    fn intern(&mut self, worker: &WorkerId) -> u32 {
-        match self.workers.iter().position(|w| w == worker) {
-            Some(i) => i as u32,
-            None => {
-                self.workers.push(worker.clone());
-                (self.workers.len() - 1) as u32
-            }
-        }
-    }
-
     /// Credits `worker` with `keys` until `now + ttl`.
     pub fn credit(&mut self, keys: &[BlockKey], worker: &WorkerId, now: Instant) {
         let Some(last) = keys.last() else { return };
         self.purge(now);
-        let w = self.intern(worker);
+        let w = self.workers.intern(worker);
         let sampled = keys.iter().skip(STRIDE - 1).step_by(STRIDE);
         let extra = (keys.len() % STRIDE != 0).then_some(last);
         let mut recorded = Vec::with_capacity(keys.len() / STRIDE + 1);
@@ -98,23 +87,20 @@ impl Speculative {
     /// describes (workers without any are left out).
     pub fn matches(&mut self, keys: &[BlockKey], now: Instant) -> Vec<(WorkerId, u32)> {
         self.purge(now);
-        let mut held = vec![0usize; self.workers.len()];
-        let credit_at = |q: usize, held: &mut [usize]| -> bool {
-            let Some(holders) = self.by_key.get(&keys[q]) else { return false };
-            let mut any = false;
-            for &(w, _) in holders.iter().filter(|(_, n)| *n > 0) {
-                held[w as usize] = held[w as usize].max(q + 1);
-                any = true;
+        let mut held = vec![0u32; self.workers.len()];
+        let credit_at = |q: usize, held: &mut [u32]| {
+            for &(w, _) in self.by_key.get(&keys[q]).into_iter().flatten().filter(|(_, n)| *n > 0) {
+                held[w as usize] = held[w as usize].max(q as u32 + 1);
             }
-            any
         };
-        let mut q = STRIDE - 1;
-        while q < keys.len() && credit_at(q, &mut held) {
-            q += STRIDE;
+        // Every sampled position, not only up to the first miss: a key can lack a credit that
+        // later keys of the same prompt have (it had HOLDERS others when the credit came).
+        for q in (STRIDE - 1..keys.len()).step_by(STRIDE) {
+            credit_at(q, &mut held);
         }
         // A credited prompt whose length is not a multiple of STRIDE ends in the stride after
         // its worker's last sampled hit (or in the first stride).
-        let mut frontiers: Vec<usize> = held.iter().copied().chain([0]).collect();
+        let mut frontiers: Vec<usize> = held.iter().map(|&n| n as usize).chain([0]).collect();
         frontiers.sort_unstable();
         frontiers.dedup();
         for from in frontiers {
@@ -122,7 +108,7 @@ impl Speculative {
                 credit_at(q, &mut held);
             }
         }
-        self.workers.iter().zip(held).filter(|(_, n)| *n > 0).map(|(w, n)| (w.clone(), n as u32)).collect()
+        self.workers.named(held)
     }
 
     /// Drops expired credit.
@@ -142,7 +128,7 @@ impl Speculative {
     }
 
     pub fn forget_worker(&mut self, worker: &WorkerId) {
-        let Some(w) = self.workers.iter().position(|x| x == worker).map(|i| i as u32) else { return };
+        let Some(w) = self.workers.find(worker) else { return };
         self.by_key.retain(|_, holders| {
             for (h, n) in holders.iter_mut() {
                 if *h == w {
@@ -152,6 +138,7 @@ impl Speculative {
             holders.iter().any(|&(_, n)| n > 0)
         });
         self.queue.retain(|(_, h, _)| *h != w);
+        self.workers.release(w);
     }
 }
 
@@ -219,6 +206,28 @@ mod tests {
         assert!(s.is_empty());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_longer_credit_outlives_the_full_keys_it_skipped() {
+        // Four workers fill keys 15 and 31 of a 32-key prompt; a fifth, credited a second
+        // later with a 64-key extension, is recorded only at 47 and 63. Once the four expire,
+        // the fifth still matches the whole extension.
+        let mut s = Speculative::new(Duration::from_secs(2));
+        let workers: Vec<WorkerId> = (0..=HOLDERS).map(|i| WorkerId::new(&format!("w{i}"))).collect();
+        for w in &workers[..HOLDERS] {
+            s.credit(&keys(0..32), w, Instant::now());
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        s.credit(&keys(0..64), &workers[HOLDERS], Instant::now());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let m = s.matches(&keys(0..80), Instant::now());
+        assert_eq!(m, vec![(workers[HOLDERS].clone(), 64)]);
+        // A forgotten worker's slot is reused without inheriting its credit.
+        s.forget_worker(&workers[HOLDERS]);
+        s.credit(&keys(100..103), &WorkerId::new("new"), Instant::now());
+        assert!(s.matches(&keys(0..64), Instant::now()).is_empty());
+        assert_eq!(held(&s.matches(&keys(100..103), Instant::now()), &WorkerId::new("new")), Some(3));
+    }
+
     /// Chained keys of a token path: equal choices give equal keys up to the first difference.
     fn chained(choices: &[u8]) -> Vec<BlockKey> {
         let mut h = 0x51u64;
@@ -230,22 +239,36 @@ mod tests {
         /// when the request extends that prompt, else rounded down to the stride.
         #[test]
         fn sampled_credit_matches_the_full_prefix(
-            credits in proptest::collection::vec((proptest::collection::vec(0u8..2, 0..70), 0usize..HOLDERS), 1..12),
-            query in proptest::collection::vec(0u8..2, 0..80),
+            credits in proptest::collection::vec((proptest::collection::vec(0u8..2, 0..70), 0usize..HOLDERS, 0u64..1500), 1..12),
+            base in 0usize..12,
+            cut in 0usize..80,
+            suffix in proptest::collection::vec(0u8..2, 0..20),
         ) {
+            // The query shares a prefix with one of the credited prompts, often all of it.
+            let from = &credits[base % credits.len()].0;
+            let query: Vec<u8> = from[..cut.min(from.len())].iter().chain(&suffix).copied().collect();
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
             rt.block_on(async {
                 let workers: Vec<WorkerId> = (0..HOLDERS).map(|i| WorkerId::new(&format!("w{i}"))).collect();
                 let mut s = Speculative::new(Duration::from_secs(2));
-                for (choices, w) in &credits {
+                // Each credit comes some ms after the one before; the query comes 2 s after
+                // the first, when the credits made in its first millisecond have expired.
+                let start = Instant::now();
+                let mut at = Vec::new();
+                for (choices, w, after_ms) in &credits {
+                    tokio::time::advance(Duration::from_millis(*after_ms / credits.len() as u64)).await;
+                    at.push(Instant::now());
                     s.credit(&chained(choices), &workers[*w], Instant::now());
                 }
+                tokio::time::advance((start + Duration::from_millis(2000)).saturating_duration_since(Instant::now())).await;
+                let now = Instant::now();
+                let live: Vec<_> = credits.iter().zip(&at).filter(|(_, t)| **t + Duration::from_secs(2) > now).map(|(c, _)| c).collect();
                 let query = chained(&query);
-                let mut got = s.matches(&query, Instant::now());
+                let mut got = s.matches(&query, now);
                 got.sort();
                 let mut want: Vec<(WorkerId, u32)> = workers.iter().enumerate().filter_map(|(i, w)| {
-                    let best = credits.iter().filter(|(_, c)| *c == i)
-                        .map(|(choices, _)| {
+                    let best = live.iter().filter(|(_, c, _)| *c == i)
+                        .map(|(choices, _, _)| {
                             let common = chained(choices).iter().zip(&query).take_while(|(a, b)| a == b).count();
                             if common == choices.len() { common } else { common / STRIDE * STRIDE }
                         })

@@ -9,15 +9,14 @@
 //! stale places outnumber live ones.
 
 use crate::hasher::SeededState;
-use crate::types::{BlockKey, WorkerId};
+use crate::types::{BlockKey, WorkerId, WorkerSlots};
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug)]
 pub struct ApproxMap {
     capacity: usize,
     tick: u64,
-    /// Interned workers: the map refers to them by index.
-    workers: Vec<WorkerId>,
+    workers: WorkerSlots,
     /// key -> (worker, tick of last learning).
     map: HashMap<BlockKey, (u32, u64), SeededState>,
     /// (tick, key) in learning order, oldest first; stale when the key was learned again.
@@ -27,7 +26,7 @@ pub struct ApproxMap {
 impl ApproxMap {
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
-        ApproxMap { capacity, tick: 0, workers: Vec::new(), map: HashMap::default(), order: VecDeque::new() }
+        ApproxMap { capacity, tick: 0, workers: WorkerSlots::default(), map: HashMap::default(), order: VecDeque::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -51,18 +50,12 @@ impl ApproxMap {
             let Some(&(w, _)) = self.map.get(key) else { break };
             held[w as usize] = i as u32 + 1;
         }
-        self.workers.iter().zip(held).filter(|(_, n)| *n > 0).map(|(w, n)| (w.clone(), n)).collect()
+        self.workers.named(held).into_iter().collect()
     }
 
     /// Remembers that `keys` went to `worker`.
     pub fn learn(&mut self, keys: &[BlockKey], worker: &WorkerId) {
-        let w = match self.workers.iter().position(|x| x == worker) {
-            Some(i) => i as u32,
-            None => {
-                self.workers.push(worker.clone());
-                (self.workers.len() - 1) as u32
-            }
-        };
+        let w = self.workers.intern(worker);
         for key in keys {
             self.tick += 1;
             self.map.insert(*key, (w, self.tick));
@@ -81,9 +74,10 @@ impl ApproxMap {
 
     /// Forgets every key learned for `worker` (it was deregistered).
     pub fn forget_worker(&mut self, worker: &WorkerId) {
-        let Some(w) = self.workers.iter().position(|x| x == worker).map(|i| i as u32) else { return };
+        let Some(w) = self.workers.find(worker) else { return };
         self.map.retain(|_, (x, _)| *x != w);
         self.compact();
+        self.workers.release(w);
     }
 
     fn is_live(&self, tick: u64, key: &BlockKey) -> bool {
