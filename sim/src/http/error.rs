@@ -1,4 +1,5 @@
-//! One error type for every handler, mapped to vLLM's OpenAI-style error body in one place.
+//! One error type for every handler, mapped to vLLM's OpenAI-style error body (or, for
+//! `/v1/messages`, its Anthropic one) in one place.
 
 use crate::chat::ChatError;
 use crate::engine::EngineError;
@@ -45,6 +46,22 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": {"message": self.to_string(), "type": kind, "param": null, "code": status.as_u16()}
         });
+        (status, Json(body)).into_response()
+    }
+}
+
+impl ApiError {
+    /// The error as vLLM's Anthropic endpoint writes it: `{"type": "error", "error": {type,
+    /// message}}`, the type in Anthropic's vocabulary.
+    pub fn anthropic(self) -> Response {
+        let status = self.status();
+        let kind = match status {
+            StatusCode::BAD_REQUEST => "invalid_request_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            _ => "api_error",
+        };
+        let body = serde_json::json!({"type": "error", "error": {"type": kind, "message": self.to_string()}});
         (status, Json(body)).into_response()
     }
 }

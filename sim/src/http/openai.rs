@@ -117,7 +117,11 @@ struct MessagesBody {
     cache_salt: Option<String>,
 }
 
-pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    messages_or_error(state, headers, body).await.unwrap_or_else(ApiError::anthropic)
+}
+
+async fn messages_or_error(state: AppState, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: MessagesBody = parse_json(&body)?;
     check_model(&state, req.model.as_deref())?;
     let Some(max) = req.max_tokens else { return Err(ApiError::BadRequest("max_tokens: field required".into())) };

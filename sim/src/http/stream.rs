@@ -157,11 +157,11 @@ fn event(name: &str, v: &Value) -> String {
 
 /// The Anthropic events for token `index` (and, when it is the last, the closing ones), in
 /// one body chunk.
-fn anthropic_events(p: &Params, index: usize, cached_tokens: usize, finished: Option<&Finished>) -> Bytes {
+fn anthropic_events(p: &Params, index: usize, finished: Option<&Finished>) -> Bytes {
     let mut out = String::new();
     if index == 0 {
-        let input = p.prompt_tokens.saturating_sub(cached_tokens);
-        let usage = json!({"input_tokens": input, "output_tokens": 0, "cache_read_input_tokens": cached_tokens});
+        // vLLM builds this from the first chunk's usage, which has no cache details.
+        let usage = json!({"input_tokens": p.prompt_tokens, "output_tokens": 0});
         let message = json!({"id": p.id(), "type": "message", "role": "assistant", "content": [], "model": p.model,
             "stop_reason": null, "stop_sequence": null, "usage": usage});
         out += &event("message_start", &json!({"type": "message_start", "message": message}));
@@ -189,7 +189,7 @@ pub fn sse_response(p: Params, mut rx: TokenRx) -> Response {
         let mut index = 0;
         while let Some(t) = rx.recv().await {
             if p.kind == Kind::Messages {
-                let chunk = anthropic_events(&p, index, t.cached_tokens, t.finished.as_ref());
+                let chunk = anthropic_events(&p, index, t.finished.as_ref());
                 index += 1;
                 if tx.send(chunk).await.is_err() || t.finished.is_some() {
                     return;
@@ -217,8 +217,20 @@ pub fn sse_response(p: Params, mut rx: TokenRx) -> Response {
                 return;
             }
         }
-        let err = json!({"error": {"message": "the worker restarted while generating", "type": "InternalServerError", "code": 503}});
-        let _ = tx.send(sse(&err)).await;
+        let message = "the worker restarted while generating";
+        let err = if p.kind == Kind::Messages {
+            // As vLLM's converter ends a failed stream: close the open block, then an error
+            // event in Anthropic's vocabulary (503 -> overloaded_error).
+            let mut out = String::new();
+            if index > 0 {
+                out += &event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
+            }
+            out += &event("error", &json!({"type": "error", "error": {"type": "overloaded_error", "message": message}}));
+            Bytes::from(out)
+        } else {
+            sse(&json!({"error": {"message": message, "type": "InternalServerError", "code": 503}}))
+        };
+        let _ = tx.send(err).await;
     });
     let body = Body::from_stream(ReceiverStream::new(out).map(Ok::<_, std::convert::Infallible>));
     ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
