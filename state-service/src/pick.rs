@@ -159,6 +159,7 @@ fn candidates(state: &AppState, workers: Vec<Arc<WorkerEntry>>, prompt: &PromptV
                     overhead_ms: c.overhead_ms(),
                     decode_ms_per_running: priors.decode_ms_per_running,
                     default_request_tokens: priors.default_request_tokens,
+                    step_tokens: worker.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens),
                 }
             };
             let matched_tokens = matched.saturating_mul(prompt.tokens_per_key);

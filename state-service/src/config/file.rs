@@ -100,17 +100,20 @@ impl Default for Timeouts {
 pub struct Priors {
     /// Prefill cost of one uncached prompt token.
     pub per_token_ms: f64,
-    /// Fixed cost of one request before its first token (scheduling, sampling, network).
+    /// Fixed cost of one scheduler step (weights read, kernel launches, sampling).
     pub overhead_ms: f64,
-    /// Extra queue wait per running sequence (decode steps interleaved with prefill).
+    /// Cost of each running sequence in a step (its decode interleaved with prefill).
     pub decode_ms_per_running: f64,
     /// Prompt size assumed for waiting requests we did not route ourselves.
     pub default_request_tokens: u32,
+    /// vLLM's `--max-num-batched-tokens`: tokens per scheduler step. vLLM's default for the
+    /// OpenAI server is 2048 on GPUs under 70 GB, 8192 on H100/H200, 16384 from 160 GB up.
+    pub max_num_batched_tokens: u32,
 }
 
 impl Default for Priors {
     fn default() -> Self {
-        Priors { per_token_ms: 0.1, overhead_ms: 15.0, decode_ms_per_running: 0.5, default_request_tokens: 512 }
+        Priors { per_token_ms: 0.1, overhead_ms: 15.0, decode_ms_per_running: 0.5, default_request_tokens: 512, max_num_batched_tokens: 2048 }
     }
 }
 
@@ -192,6 +195,9 @@ pub struct WorkerConfig {
     pub per_token_ms: Option<f64>,
     #[serde(default)]
     pub overhead_ms: Option<f64>,
+    /// Defaults to `priors.max_num_batched_tokens`.
+    #[serde(default)]
+    pub max_num_batched_tokens: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -214,6 +220,7 @@ impl WorkerConfig {
             dp_ranks: 1,
             per_token_ms: None,
             overhead_ms: None,
+            max_num_batched_tokens: None,
         }
     }
 

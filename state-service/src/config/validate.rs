@@ -71,6 +71,9 @@ impl Config {
         check_cost("priors.per_token_ms", p.per_token_ms)?;
         check_cost("priors.overhead_ms", p.overhead_ms)?;
         check_cost("priors.decode_ms_per_running", p.decode_ms_per_running)?;
+        if p.max_num_batched_tokens == 0 {
+            return Err(invalid("priors.max_num_batched_tokens", "must be > 0"));
+        }
         for (model, m) in &self.models {
             if m.block_size == Some(0) {
                 return Err(invalid(format!("models.{model}.block_size"), "must be > 0"));
@@ -128,6 +131,9 @@ impl Config {
             if own != model {
                 return Err(invalid("block_size", format!("{own} differs from models.{}.block_size = {model}", w.model)));
             }
+        }
+        if w.max_num_batched_tokens == Some(0) {
+            return Err(invalid("max_num_batched_tokens", "must be > 0"));
         }
         check_cost("per_token_ms", w.per_token_ms.unwrap_or(0.0))?;
         check_cost("overhead_ms", w.overhead_ms.unwrap_or(0.0))

@@ -80,7 +80,7 @@ impl FleetCollector {
         let per_token = per(&|w| w.calibration.lock().per_token_ms());
         gauge(enc, "worker_per_token_ms", "Calibrated prefill cost per uncached token", &per_token)?;
         let overhead = per(&|w| w.calibration.lock().overhead_ms());
-        gauge(enc, "worker_overhead_ms", "Calibrated fixed cost per request", &overhead)?;
+        gauge(enc, "worker_overhead_ms", "Calibrated fixed cost per scheduler step", &overhead)?;
         let failures: Vec<_> =
             workers.iter().map(|w| (WorkerLabel { worker: w.id.to_string() }, w.load.lock().scrapes_failed)).collect();
         counter(enc, "worker_scrape_failures", "Failed metrics scrapes", &failures)

@@ -1,7 +1,7 @@
 //! Online calibration of a worker's costs from first-token reports.
 //!
 //! The model ([`super::model`]) is linear in (overhead_ms, per_token_ms):
-//! `actual - fixed_ms ≈ overhead * requests + per_token * tokens`. We fit it by exponentially
+//! `actual - fixed_ms ≈ overhead * steps + per_token * tokens`. We fit it by exponentially
 //! weighted least squares (old samples decay, so a worker that slows down is followed), with a
 //! ridge pull toward the configured priors: before any report, and whenever the samples cannot
 //! tell the two costs apart (all requests the same size), the priors answer. Costs never go
@@ -26,7 +26,7 @@ pub struct Calibration {
     prior_per_token: f64,
     ridge_overhead: f64,
     ridge_per_token: f64,
-    // Weighted sums of n², n·x, x², n·y, x·y (n = requests, x = tokens, y = actual - fixed).
+    // Weighted sums of n², n·x, x², n·y, x·y (n = steps, x = tokens, y = actual - fixed).
     snn: f64,
     snx: f64,
     sxx: f64,
@@ -82,11 +82,11 @@ impl Calibration {
     /// Adds one report: the features recorded at pick time and the TTFT that followed.
     /// Nonsense (non-finite, non-positive TTFT or features) is ignored.
     pub fn observe(&mut self, f: &Features, actual_ms: f64) -> bool {
-        let valid = [actual_ms, f.requests, f.tokens, f.fixed_ms].iter().all(|v| v.is_finite() && *v >= 0.0);
-        if !valid || actual_ms <= 0.0 || f.requests <= 0.0 {
+        let valid = [actual_ms, f.steps, f.tokens, f.fixed_ms].iter().all(|v| v.is_finite() && *v >= 0.0);
+        if !valid || actual_ms <= 0.0 || f.steps <= 0.0 {
             return false;
         }
-        let (n, x, y) = (f.requests, f.tokens, (actual_ms - f.fixed_ms).max(0.0));
+        let (n, x, y) = (f.steps, f.tokens, (actual_ms - f.fixed_ms).max(0.0));
         for s in [&mut self.snn, &mut self.snx, &mut self.sxx, &mut self.sny, &mut self.sxy] {
             *s *= DECAY;
         }
@@ -148,12 +148,12 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         for _ in 0..400 {
             let f = Features {
-                requests: f64::from(rng.gen_range(1..5u32)),
+                steps: f64::from(rng.gen_range(1..5u32)),
                 tokens: f64::from(rng.gen_range(16..8000u32)),
                 fixed_ms: f64::from(rng.gen_range(0..20u32)),
             };
             let noise = rng.gen_range(0.95..1.05);
-            let actual = (true_overhead * f.requests + true_per_token * f.tokens) * noise + f.fixed_ms;
+            let actual = (true_overhead * f.steps + true_per_token * f.tokens) * noise + f.fixed_ms;
             assert!(c.observe(&f, actual));
         }
         assert!(close(c.overhead_ms(), true_overhead, 0.15), "overhead {}", c.overhead_ms());
@@ -167,7 +167,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(3);
         for per_token in [0.1, 0.3] {
             for _ in 0..300 {
-                let f = Features { requests: 1.0, tokens: f64::from(rng.gen_range(100..4000u32)), fixed_ms: 0.0 };
+                let f = Features { steps: 1.0, tokens: f64::from(rng.gen_range(100..4000u32)), fixed_ms: 0.0 };
                 c.observe(&f, 20.0 + per_token * f.tokens);
             }
         }
@@ -179,11 +179,11 @@ mod tests {
         let mut c = Calibration::new(15.0, 0.1, 512);
         for _ in 0..200 {
             // An overload episode: minutes of queueing the features do not show.
-            c.observe(&Features { requests: 1.0, tokens: 200.0, fixed_ms: 0.0 }, 90_000.0);
+            c.observe(&Features { steps: 1.0, tokens: 200.0, fixed_ms: 0.0 }, 90_000.0);
         }
         assert!(c.overhead_ms() <= 150.0 + 1e-9 && c.per_token_ms() <= 1.0 + 1e-9, "{c:?}");
         for _ in 0..200 {
-            c.observe(&Features { requests: 1.0, tokens: 6000.0, fixed_ms: 0.0 }, 1.0);
+            c.observe(&Features { steps: 1.0, tokens: 6000.0, fixed_ms: 0.0 }, 1.0);
         }
         assert!(c.per_token_ms() >= 0.01 - 1e-12, "{c:?}");
         c.reset();
@@ -193,12 +193,12 @@ mod tests {
     #[test]
     fn ignores_nonsense_and_never_goes_negative() {
         let mut c = Calibration::new(15.0, 0.1, 512);
-        let f = Features { requests: 1.0, tokens: 1000.0, fixed_ms: 0.0 };
+        let f = Features { steps: 1.0, tokens: 1000.0, fixed_ms: 0.0 };
         assert!(!c.observe(&f, f64::NAN));
         assert!(!c.observe(&f, -3.0));
-        assert!(!c.observe(&Features { requests: 0.0, ..f }, 10.0));
+        assert!(!c.observe(&Features { steps: 0.0, ..f }, 10.0));
         for _ in 0..100 {
-            c.observe(&Features { requests: 1.0, tokens: 5000.0, fixed_ms: 0.0 }, 1.0);
+            c.observe(&Features { steps: 1.0, tokens: 5000.0, fixed_ms: 0.0 }, 1.0);
         }
         assert!(c.overhead_ms() >= 0.0 && c.per_token_ms() >= 0.0);
     }

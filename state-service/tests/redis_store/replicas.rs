@@ -37,16 +37,24 @@ fn seen(state: &AppState, id: u64) -> bool {
     state.assignments.lock().contains(AssignmentId(id))
 }
 
+/// Burst request `i`: a 64-block prefix all share, then 64 blocks of its own (a long shared
+/// system prompt, different questions): each one queued on the prefix's worker adds prefill
+/// work there, so the burst spreads once that queue costs more than the prefix saves.
+fn burst_keys(i: usize) -> Vec<u64> {
+    let mut k = keys(7, 64);
+    k.extend((64..128).map(|b| (1000 + i as u64) << 32 | b));
+    k
+}
+
 #[test]
 fn burst_spreads_like_one_instance_and_follow_ups_stick() {
-    let prefix = keys(7, 64);
     // The single-instance answer: memory store, same workers, same burst.
     let mut single = Config { seed: Some(1), ..Config::default() };
     single.timeouts.speculative_ttl_ms = 60_000;
     plain_workers(&mut single, WORKERS);
     let one = AppState::new(single, Arc::new(kvroute_state::index::memory::MemoryIndex::new())).expect("config");
-    let req = PickRequest { model: "m".into(), token_keys: prefix.clone(), block_size: 16, prompt_tokens: 1024, ..Default::default() };
-    let expected: Vec<String> = (0..BURST).map(|_| kvroute_state::pick::pick(&one, &req).worker_id).collect();
+    let req = |i| PickRequest { model: "m".into(), token_keys: burst_keys(i), block_size: 16, prompt_tokens: 2048, ..Default::default() };
+    let expected: Vec<String> = (0..BURST).map(|i| kvroute_state::pick::pick(&one, &req(i)).worker_id).collect();
     assert!(sorted_counts(&expected).len() > 1, "the burst must spread at all: {expected:?}");
 
     let servers = shards(3);
@@ -60,7 +68,7 @@ fn burst_spreads_like_one_instance_and_follow_ups_stick() {
     let rt = client_rt();
     let mut got = Vec::new();
     for i in 0..BURST {
-        let (status, resp) = post_json(&rt, &replicas[i % 2].url("/v1/pick"), pick_body(&prefix));
+        let (status, resp) = post_json(&rt, &replicas[i % 2].url("/v1/pick"), pick_body(&burst_keys(i)));
         assert_eq!(status, 200, "{resp}");
         assert_eq!(resp["degraded_reason"], "", "all shards up: {resp}");
         let id = resp["assignment_id"].as_u64().expect("id");

@@ -59,7 +59,7 @@ impl Record {
             prompt_tokens: a.prompt_tokens,
             uncached_tokens: a.uncached_tokens,
             predicted_ttft_ms: a.predicted_ttft_ms,
-            features: [a.features.requests, a.features.tokens, a.features.fixed_ms],
+            features: [a.features.steps, a.features.tokens, a.features.fixed_ms],
             keys: keys.iter().map(|k| k.0).collect(),
             created_unix_ms: unix_ms().saturating_sub(age),
             first_token: a.first_token_at.is_some(),
@@ -74,7 +74,7 @@ impl Record {
     /// The local assignment, its times moved back by the record's age.
     pub fn assignment(&self, now: Instant) -> Assignment {
         let created_at = now.checked_sub(self.age()).unwrap_or(now);
-        let [requests, tokens, fixed_ms] = self.features;
+        let [steps, tokens, fixed_ms] = self.features;
         Assignment {
             id: AssignmentId(self.id),
             worker: WorkerId::new(&self.worker),
@@ -82,7 +82,7 @@ impl Record {
             prompt_tokens: self.prompt_tokens,
             uncached_tokens: self.uncached_tokens,
             predicted_ttft_ms: self.predicted_ttft_ms,
-            features: Features { requests, tokens, fixed_ms },
+            features: Features { steps, tokens, fixed_ms },
             created_at,
             first_token_at: self.first_token.then_some(now),
         }
@@ -107,7 +107,7 @@ mod tests {
             prompt_tokens: 100,
             uncached_tokens: 60,
             predicted_ttft_ms: 12.5,
-            features: Features { requests: 2.0, tokens: 60.0, fixed_ms: 1.0 },
+            features: Features { steps: 2.0, tokens: 60.0, fixed_ms: 1.0 },
             created_at: now,
             first_token_at: None,
         };
