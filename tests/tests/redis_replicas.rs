@@ -57,6 +57,8 @@ const BURST_TOKENS: usize = 2048;
 /// While a burst is placed: a prefill step of 36 ms + 2048 × 0.3 ms, × 0.2 (time scale) × 30
 /// ≈ 3.9 s, many times what placing the burst takes; checked afterwards (no first token).
 const HOLD_SLOWDOWN: f64 = 30.0;
+/// Each burst request's own question after the shared prefix.
+const QUESTION_TOKENS: usize = 256;
 const TURN_TOKENS: usize = 1536;
 
 async fn stack() -> Result<ReplicaStack> {
@@ -118,13 +120,13 @@ async fn calibration_samples(s: &ReplicaStack) -> Result<Vec<u64>> {
 /// Sends the burst (`prompt` BURST times, streamed, long generations) request `i` through Envoy
 /// `envoy(i)`, each once every replica holds all earlier picks. Returns the picks and the held
 /// responses (dropping them cancels the requests).
-async fn burst(s: &ReplicaStack, prompt: &[u32], envoy: impl Fn(usize) -> usize) -> Result<(Vec<Pick>, Vec<reqwest::Response>)> {
+async fn burst(s: &ReplicaStack, prompt: impl Fn(usize) -> Vec<u32>, envoy: impl Fn(usize) -> usize) -> Result<(Vec<Pick>, Vec<reqwest::Response>)> {
     wait_assignments(s, 0).await?;
     ensure!(calibration_samples(s).await? == vec![0; REPLICAS], "calibration must be at the priors");
     let (mut picks, mut held) = (Vec::new(), Vec::new());
     let started = std::time::Instant::now();
     for i in 0..BURST {
-        let r = s.client.post(s.envoy_url(envoy(i), "/v1/completions")).json(&completion(MODEL, prompt, 20_000, true)).send().await?;
+        let r = s.client.post(s.envoy_url(envoy(i), "/v1/completions")).json(&completion(MODEL, &prompt(i), 20_000, true)).send().await?;
         ensure!(r.status() == 200, "burst request {i}: {}\n{}", r.status(), s.log_tails());
         let pick = pick_of(&r);
         ensure!(pick.worker == header(&r, "x-sim-worker"), "served where picked: {pick:?} {:?}", r.headers());
@@ -162,9 +164,12 @@ fn shape(picks: &[Pick]) -> Vec<(String, String)> {
 /// (1) A burst split across both Envoys spreads like one instance.
 async fn burst_spreads_like_one_instance(s: &ReplicaStack) -> Result<()> {
     set_slowdown(s, HOLD_SLOWDOWN).await?;
-    let (single, held) = burst(s, &tokens(41, BURST_TOKENS), |_| 0).await?;
+    // Each request: the burst's shared prefix, then a question of its own. Queued on the
+    // prefix's worker, the questions add prefill there until the burst spreads.
+    let request = |seed: u32| move |i: usize| concat(&tokens(seed, BURST_TOKENS), &tokens(seed * 1000 + i as u32, QUESTION_TOKENS));
+    let (single, held) = burst(s, request(41), |_| 0).await?;
     drop(held);
-    let (split, held) = burst(s, &tokens(42, BURST_TOKENS), |i| i % REPLICAS).await?;
+    let (split, held) = burst(s, request(42), |i| i % REPLICAS).await?;
     // Both replicas account for the whole split burst, with the same workers.
     let mut tables = Vec::new();
     for r in 0..REPLICAS {
