@@ -43,6 +43,9 @@ impl Config {
         if let Some(policy) = cli.policy {
             config.policy = policy;
         }
+        if let Some(t) = cli.affinity_tolerance {
+            config.affinity_tolerance = t;
+        }
         if let Some(token) = &cli.admin_token {
             config.admin_token = Some(token.clone());
         }
@@ -69,5 +72,19 @@ impl Config {
     /// The policy in force at start-up.
     pub fn initial_policy(&self) -> Policy {
         self.policy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_defaults_and_are_validated() {
+        let cli = Cli { policy: Some(Policy::RoundRobin), affinity_tolerance: Some(0.1), ..Cli::default() };
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!((c.policy, c.affinity_tolerance), (Policy::RoundRobin, 0.1));
+        let bad = Cli { affinity_tolerance: Some(1.5), ..Cli::default() };
+        assert!(Config::from_cli(&bad).unwrap_err().to_string().contains("affinity_tolerance"));
     }
 }

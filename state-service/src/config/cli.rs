@@ -19,6 +19,9 @@ pub struct Cli {
     /// Overrides `policy`: kvroute | random | round_robin | least_loaded | approx_prefix.
     #[arg(long, env = "KVROUTE_POLICY")]
     pub policy: Option<Policy>,
+    /// Overrides `affinity_tolerance` (0..=1).
+    #[arg(long, env = "KVROUTE_AFFINITY_TOLERANCE")]
+    pub affinity_tolerance: Option<f64>,
     /// Overrides `admin_token`.
     #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
