@@ -2,8 +2,8 @@
 //!
 //! - `memory` (default): nothing is shared; every hook is a no-op. One instance, no Redis.
 //! - `redis`: several state services act as one (see `store/redis.rs` and the README's
-//!   "Replicas and Redis" section): assignments, pending load, speculative credit and
-//!   calibration are replicated through Redis, and the lease holder of each engine mirrors
+//!   "Replicas and Redis" section): workers registered at runtime, assignments, pending
+//!   load, speculative credit and calibration are replicated through Redis, and the lease holder of each engine mirrors
 //!   its block set to Redis for warm starts.
 //!
 //! The pick path only ever calls [`SharedStore::assigned`], which must not wait: a store
@@ -50,6 +50,12 @@ pub trait SharedStore: Send + Sync + 'static {
     fn engine_started(&self, _state: &AppState, _worker: &Arc<WorkerEntry>, _rank: u32, _stats: &Arc<IngestStats>) -> Option<u64> {
         None
     }
+
+    /// A worker was registered through this replica's admin API: share it with the others.
+    fn worker_registered(&self, _worker: &crate::config::WorkerConfig) {}
+
+    /// A worker was removed through this replica's admin API.
+    fn worker_removed(&self, _id: &str) {}
 
     /// Some shared state is unreachable: picks still answer from local state, marked degraded.
     fn degraded(&self) -> bool {

@@ -1,5 +1,6 @@
 //! The Redis store with real `redis-server`s: the mirror against the reference model,
-//! replicas sharing assignments, warm restarts from the mirror, shard outages.
+//! replicas sharing assignments and runtime-registered workers, warm restarts from the
+//! mirror, shard outages.
 
 #[path = "redis_store/support.rs"]
 mod support;
@@ -13,3 +14,5 @@ mod sims;
 mod warm_start;
 #[path = "redis_store/outage.rs"]
 mod outage;
+#[path = "redis_store/runtime_workers.rs"]
+mod runtime_workers;

@@ -33,11 +33,14 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<
 pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
     authorize(&state, &headers)?;
     let worker: WorkerConfig = json_body(&body, "worker")?;
-    match state.add_worker(worker) {
-        Ok(entry) => Ok((
+    match state.add_worker(worker.clone()) {
+        Ok(entry) => {
+            state.store.worker_registered(&worker);
+            Ok((
             StatusCode::CREATED,
             Json(json!({ "id": entry.id.as_str(), "engines": entry.engines.len(), "block_size": entry.block_size })),
-        )),
+            ))
+        }
         Err(AddWorkerError::Registry(e @ RegistryError::Duplicate(_))) => Err(ApiError::Conflict(e.to_string())),
         Err(e) => Err(ApiError::BadRequest(e.to_string())),
     }
@@ -46,6 +49,7 @@ pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body:
 pub async fn remove_worker(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     authorize(&state, &headers)?;
     if state.remove_worker(&id) {
+        state.store.worker_removed(&id);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::NotFound(format!("no worker {id:?}")))

@@ -7,7 +7,10 @@
 //! - calibration: first-token reports are replicated like assignments and every replica
 //!   refits; the latest fit is also stored for a warm start;
 //! - a mirror of every engine's block set, written by the engine's lease holder ([`lease`],
-//!   [`mirror`]), loaded at start so a new replica answers correctly before any new event.
+//!   [`mirror`]), loaded at start so a new replica answers correctly before any new event;
+//! - workers registered or removed through any replica's admin API: stored without TTL and
+//!   published; other replicas register or remove them too, and a starting replica registers
+//!   the stored ones (with their mirrors) as if they were in its config.
 //!
 //! Nothing on the pick path waits for Redis. Shards are probed; while one is down picks are
 //! marked degraded (`state_unavailable`), its writes are dropped and counted, and its mirrors
@@ -25,7 +28,7 @@ pub use stats::StoreStats;
 
 use super::{RedisConfig, ReportEvent, SharedStore};
 use crate::assign::Assignment;
-use crate::config::Config;
+use crate::config::{Config, WorkerConfig};
 use crate::ingest::IngestStats;
 use crate::registry::WorkerEntry;
 use crate::score::Calibration;
@@ -34,8 +37,8 @@ use crate::types::BlockKey;
 use parking_lot::Mutex;
 use rand::Rng;
 use replicate::Op;
-use shards::Shards;
-use std::collections::HashMap;
+use shards::{ShardId, Shards};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -57,6 +60,8 @@ pub enum StoreError {
 struct WarmStart {
     mirrors: HashMap<(String, u32), Mirror>,
     calibrations: HashMap<String, Calibration>,
+    /// Workers registered at runtime on some replica, registered here on attach.
+    workers: Vec<WorkerConfig>,
 }
 
 pub struct RedisStore {
@@ -71,6 +76,8 @@ pub struct RedisStore {
     queue: mpsc::Sender<Op>,
     pending_rx: Mutex<Option<mpsc::Receiver<Op>>>,
     warm: Mutex<WarmStart>,
+    /// Ids of the workers registered at runtime (here or on another replica).
+    shared: Mutex<HashSet<String>>,
     me: OnceLock<std::sync::Weak<RedisStore>>,
     salt: u64,
 }
@@ -96,6 +103,7 @@ impl RedisStore {
             queue: tx,
             pending_rx: Mutex::new(Some(rx)),
             warm: Mutex::new(WarmStart::default()),
+            shared: Mutex::new(HashSet::new()),
             me: OnceLock::new(),
             config: rc,
         });
@@ -106,7 +114,13 @@ impl RedisStore {
 
     async fn load_warm_start(&self, config: &Config) {
         let mut warm = WarmStart::default();
-        for w in &config.workers {
+        for shard in self.shards.ids() {
+            match self.load_workers(shard).await {
+                Ok(found) => warm.workers.extend(found.into_iter().filter(|w| !config.workers.iter().any(|c| c.id == w.id))),
+                Err(e) => tracing::warn!(shard = shard.0, error = %e, "runtime-registered workers not loaded from this shard"),
+            }
+        }
+        for w in config.workers.iter().chain(&warm.workers) {
             for rank in 0..w.dp_ranks {
                 let key = MirrorKey::new(&self.config.key_prefix, &w.id, rank);
                 match mirror::load(&self.shards, self.shards.owner(&key.blocks), &key).await {
@@ -129,7 +143,7 @@ impl RedisStore {
                 Err(e) => tracing::warn!(worker = %w.id, error = %e, "calibration not loaded"),
             }
         }
-        tracing::info!(mirrors = warm.mirrors.len(), calibrations = warm.calibrations.len(), "warm start loaded");
+        tracing::info!(mirrors = warm.mirrors.len(), calibrations = warm.calibrations.len(), workers = warm.workers.len(), "warm start loaded");
         *self.warm.lock() = warm;
     }
 
@@ -145,6 +159,62 @@ impl RedisStore {
         format!("{}:asg:{id}", self.config.key_prefix)
     }
 
+    fn worker_key(&self, id: &str) -> String {
+        format!("{}:worker:{id}", self.config.key_prefix)
+    }
+
+    /// The runtime-registered workers stored on `shard`.
+    async fn load_workers(&self, shard: ShardId) -> Result<Vec<WorkerConfig>, StoreError> {
+        let pattern = format!("{}:worker:*", self.config.key_prefix);
+        let (mut cursor, mut out) = (0u64, Vec::new());
+        loop {
+            let (next, keys): (u64, Vec<String>) =
+                self.shards.cmd(shard, redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000)).await?;
+            if !keys.is_empty() {
+                let values: Vec<Option<String>> = self.shards.cmd(shard, redis::cmd("MGET").arg(&keys)).await?;
+                for json in values.into_iter().flatten() {
+                    match serde_json::from_str::<WorkerConfig>(&json) {
+                        Ok(w) => out.push(w),
+                        Err(e) => {
+                            self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(error = %e, "stored worker unreadable");
+                        }
+                    }
+                }
+            }
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
+    /// The shared workers whose keys live on `shard`.
+    fn shared_on(&self, shard: ShardId) -> Vec<String> {
+        self.shared.lock().iter().filter(|id| self.shards.owner(&self.worker_key(id)) == shard).cloned().collect()
+    }
+
+    /// Registers a worker another replica registered (or found stored), unless it is known.
+    fn adopt_worker(&self, state: &AppState, worker: WorkerConfig) {
+        self.shared.lock().insert(worker.id.clone());
+        if state.registry.read().get(&worker.id).is_some() {
+            return;
+        }
+        let id = worker.id.clone();
+        match state.add_worker(worker) {
+            Ok(_) => tracing::info!(worker = %id, "worker registered by another replica"),
+            Err(e) => tracing::warn!(worker = %id, error = %e, "shared worker rejected here"),
+        }
+    }
+
+    /// Removes a worker another replica removed.
+    fn drop_worker(&self, state: &AppState, id: &str) {
+        self.shared.lock().remove(id);
+        if state.remove_worker(id) {
+            tracing::info!(worker = %id, "worker removed by another replica");
+        }
+    }
+
     fn send(&self, op: Op) {
         if self.queue.try_send(op).is_err() {
             self.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
@@ -157,6 +227,8 @@ impl RedisStore {
             Op::Put { record, .. } => self.assignment_key(record.id),
             Op::Delete { id, .. } => self.assignment_key(*id),
             Op::Set { key, .. } => key.clone(),
+            Op::Register { worker } => self.worker_key(&worker.id),
+            Op::Unregister { id } => self.worker_key(id),
         }
     }
 
@@ -184,6 +256,16 @@ impl RedisStore {
             Op::Set { value, .. } => {
                 pipe.set(&key, value).ignore();
             }
+            Op::Register { worker } => {
+                if let Ok(json) = serde_json::to_string(&worker) {
+                    pipe.set(&key, json).ignore();
+                    publish(pipe, Event::WorkerAdded(worker));
+                }
+            }
+            Op::Unregister { id } => {
+                pipe.del(&key).ignore();
+                publish(pipe, Event::WorkerRemoved { id });
+            }
         }
     }
 
@@ -206,6 +288,10 @@ impl RedisStore {
 impl SharedStore for RedisStore {
     fn attach(&self, state: &AppState) {
         let Some(me) = self.arc() else { return };
+        let workers = std::mem::take(&mut self.warm.lock().workers);
+        for worker in workers {
+            self.adopt_worker(state, worker);
+        }
         for (worker, c) in std::mem::take(&mut self.warm.lock().calibrations) {
             if let Some(w) = state.registry.read().get(&worker) {
                 *w.calibration.lock() = c;
@@ -218,6 +304,16 @@ impl SharedStore for RedisStore {
             tokio::spawn(replicate::subscriber(me.clone(), state.clone(), shard));
         }
         tokio::spawn(me.probe_loop());
+    }
+
+    fn worker_registered(&self, worker: &WorkerConfig) {
+        self.shared.lock().insert(worker.id.clone());
+        self.send(Op::Register { worker: Box::new(worker.clone()) });
+    }
+
+    fn worker_removed(&self, id: &str) {
+        self.shared.lock().remove(id);
+        self.send(Op::Unregister { id: id.to_string() });
     }
 
     fn assigned(&self, a: &Assignment, keys: &[BlockKey]) {

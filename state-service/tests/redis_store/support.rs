@@ -162,7 +162,3 @@ pub fn post_json(rt: &Runtime, url: &str, body: serde_json::Value) -> (u16, serd
         (status, body)
     })
 }
-
-pub fn get_json(rt: &Runtime, url: &str) -> serde_json::Value {
-    rt.block_on(async { reqwest::get(url).await.expect("request sent").json().await.expect("JSON") })
-}

@@ -8,14 +8,16 @@
 //! up behind its timeouts.
 //!
 //! In: one subscriber task per shard applies other replicas' events to the local
-//! assignment table, speculative credit and calibration. On every (re)subscription it first
-//! loads the shard's live assignment records (SCAN), so a starting replica, or one that
-//! missed messages while a shard was away, catches up.
+//! assignment table, speculative credit, calibration and worker registry. On every
+//! (re)subscription it first loads the shard's runtime-registered workers and live
+//! assignment records (SCAN), so a starting replica, or one that missed messages while a
+//! shard was away, catches up.
 
 use super::shards::ShardId;
 use super::wire::{Event, Message, Record};
 use super::{RedisStore, StoreStats};
 use crate::assign::{AssignmentId, ReportOutcome};
+use crate::config::WorkerConfig;
 use crate::state::AppState;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -34,6 +36,10 @@ pub enum Op {
     Delete { id: u64, event: Event },
     /// A plain key/value with a TTL (calibration snapshots).
     Set { key: String, value: String },
+    /// Store a worker registered at runtime and publish it.
+    Register { worker: Box<WorkerConfig> },
+    /// Delete a runtime-registered worker and publish its removal.
+    Unregister { id: String },
 }
 
 /// Most ops sent in one pipeline.
@@ -108,8 +114,17 @@ async fn subscribe_once(store: &RedisStore, state: &AppState, shard: ShardId) ->
     Ok(())
 }
 
-/// Loads every live assignment record of `shard` that the local table lacks.
+/// Loads every live assignment record of `shard` that the local table lacks, and brings the
+/// runtime-registered workers whose keys live there up to date.
 async fn resync(store: &RedisStore, state: &AppState, shard: ShardId) -> Result<usize, super::StoreError> {
+    let workers = store.load_workers(shard).await?;
+    let here: Vec<String> = workers.iter().map(|w| w.id.clone()).collect();
+    for gone in store.shared_on(shard).into_iter().filter(|id| !here.contains(id)) {
+        store.drop_worker(state, &gone);
+    }
+    for worker in workers {
+        store.adopt_worker(state, worker);
+    }
     let pattern = format!("{}:asg:*", store.config.key_prefix);
     let mut cursor: u64 = 0;
     let mut loaded = 0;
@@ -156,6 +171,8 @@ pub fn apply(store: &RedisStore, state: &AppState, event: Event) {
             state.assignments.lock().finish(AssignmentId(id));
             state.update_in_flight();
         }
+        Event::WorkerAdded(worker) => store.adopt_worker(state, *worker),
+        Event::WorkerRemoved { id } => store.drop_worker(state, &id),
     }
 }
 

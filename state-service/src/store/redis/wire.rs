@@ -1,8 +1,10 @@
-//! What replicas tell each other about assignments, as JSON: the record kept under
-//! `{prefix}:asg:{id}` (TTL = the assignment's remaining life) and the events published on
-//! `{prefix}:events` of the same shard.
+//! What replicas tell each other, as JSON: the assignment record kept under
+//! `{prefix}:asg:{id}` (TTL = the assignment's remaining life), the runtime-registered
+//! worker's config under `{prefix}:worker:{id}` (no TTL), and the events published on
+//! `{prefix}:events` of the shard that owns the key.
 
 use crate::assign::{Assignment, AssignmentId};
+use crate::config::WorkerConfig;
 use crate::score::{Features, Policy};
 use crate::types::{BlockKey, WorkerId};
 use serde::{Deserialize, Serialize};
@@ -20,7 +22,7 @@ pub struct Record {
     pub prompt_tokens: u32,
     pub uncached_tokens: u32,
     pub predicted_ttft_ms: f64,
-    /// Features (requests, tokens, fixed_ms) for calibration.
+    /// Features (steps, tokens, fixed_ms) for calibration.
     pub features: [f64; 3],
     /// Keys credited to the worker (speculative entries); empty when none.
     #[serde(default)]
@@ -36,6 +38,9 @@ pub enum Event {
     Assigned(Record),
     FirstToken { id: u64, elapsed_ms: f64 },
     Freed { id: u64 },
+    /// A worker registered at runtime on some replica.
+    WorkerAdded(Box<WorkerConfig>),
+    WorkerRemoved { id: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,55 @@
+//! Workers registered and removed at runtime through one replica's admin API reach every
+//! replica, and a replica that starts later registers the stored ones (from Redis) as if
+//! they were in its config.
+
+use super::support::*;
+use serde_json::json;
+
+const TOKEN: &str = "admin-secret";
+
+fn admin(rt: &tokio::runtime::Runtime, method: reqwest::Method, url: String, body: Option<serde_json::Value>) -> u16 {
+    rt.block_on(async {
+        let mut req = reqwest::Client::new().request(method, url).bearer_auth(TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.expect("request sent").status().as_u16()
+    })
+}
+
+fn has(r: &Replica, id: &str) -> bool {
+    r.state.registry.read().get(id).is_some()
+}
+
+#[test]
+fn admin_registered_workers_are_shared_by_every_replica() {
+    let servers = shards(3);
+    let config = |name: &str, seed| {
+        let mut c = redis_config(&servers, name, seed);
+        c.admin_token = Some(TOKEN.into());
+        plain_workers(&mut c, 1);
+        c
+    };
+    let (a, b) = (Replica::start(config("ra", 1)), Replica::start(config("rb", 2)));
+    let rt = client_rt();
+    let worker = json!({ "id": "w9", "model": "other", "endpoint": "127.0.0.1:8999", "cluster": "c9" });
+    assert_eq!(admin(&rt, reqwest::Method::POST, a.url("/admin/workers"), Some(worker)), 201);
+    wait_until("replica b to register w9", || has(&b, "w9"));
+
+    // Picks for the worker's model on the other replica go to it.
+    let (status, resp) = post_json(&rt, &b.url("/v1/pick"), json!({ "model": "other", "token_keys": [1, 2], "block_size": 16, "prompt_tokens": 32 }));
+    assert_eq!((status, resp["worker_id"].as_str(), resp["cluster"].as_str()), (200, Some("w9"), Some("c9")), "{resp}");
+
+    // A replica started now registers it at start, before any event.
+    let c = Replica::start(config("rc", 3));
+    assert!(has(&c, "w9"), "stored workers are registered on start");
+    assert!(has(&c, "w0"), "its own config still applies");
+
+    // Removed through b: gone everywhere, and a later replica does not see it.
+    assert_eq!(admin(&rt, reqwest::Method::DELETE, b.url("/admin/workers/w9"), None), 204);
+    wait_until("replicas a and c to remove w9", || !has(&a, "w9") && !has(&c, "w9"));
+    let d = Replica::start(config("rd", 4));
+    assert!(!has(&d, "w9"));
+    // Config workers are each replica's own: never removed by the shared registry.
+    assert!([&a, &b, &c, &d].iter().all(|r| has(r, "w0")));
+}
