@@ -1,12 +1,13 @@
 //! Text-chunk keys learned from routing history: the approach of routers that do not read
 //! KV events. After each pick every chunk key of the request maps to the chosen worker; a
-//! later request is sent where its longest learned chunk prefix went. Bounded: the least
-//! recently learned keys are forgotten first.
+//! later request is sent where its longest learned chunk prefix went. Bounded: keys that were
+//! not relearned for longest are forgotten first.
 //!
 //! A pick learns every key of its prompt (547 for a 32k-token text), so the recency order is
-//! a queue with lazy deletion rather than an ordered map: relearning a key leaves its old
-//! place in the queue stale, eviction skips stale places, and the queue is compacted when
-//! stale places outnumber live ones.
+//! a queue with one place per learned key rather than an ordered map: relearning a key only
+//! updates its tick, and eviction gives a key whose tick moved on since it was queued a
+//! second chance at the back (CLOCK-like: approximately least recently learned first, with no
+//! per-learn reordering and no compaction pauses).
 
 use crate::hasher::SeededState;
 use crate::types::{BlockKey, WorkerId, WorkerSlots};
@@ -19,7 +20,7 @@ pub struct ApproxMap {
     workers: WorkerSlots,
     /// key -> (worker, tick of last learning).
     map: HashMap<BlockKey, (u32, u64), SeededState>,
-    /// (tick, key) in learning order, oldest first; stale when the key was learned again.
+    /// (tick when queued, key), one place per learned key, oldest first.
     order: VecDeque<(u64, BlockKey)>,
 }
 
@@ -58,17 +59,19 @@ impl ApproxMap {
         let w = self.workers.intern(worker);
         for key in keys {
             self.tick += 1;
-            self.map.insert(*key, (w, self.tick));
-            self.order.push_back((self.tick, *key));
-        }
-        while self.map.len() > self.capacity {
-            let Some((tick, key)) = self.order.pop_front() else { break };
-            if self.is_live(tick, &key) {
-                self.map.remove(&key);
+            if self.map.insert(*key, (w, self.tick)).is_none() {
+                self.order.push_back((self.tick, *key));
             }
         }
-        if self.order.len() > 2 * self.map.len() + 1024 {
-            self.compact();
+        while self.map.len() > self.capacity {
+            let Some((queued, key)) = self.order.pop_front() else { break };
+            match self.map.get(&key) {
+                Some(&(_, tick)) if tick == queued => {
+                    self.map.remove(&key);
+                }
+                Some(&(_, tick)) => self.order.push_back((tick, key)),
+                None => {}
+            }
         }
     }
 
@@ -76,19 +79,9 @@ impl ApproxMap {
     pub fn forget_worker(&mut self, worker: &WorkerId) {
         let Some(w) = self.workers.find(worker) else { return };
         self.map.retain(|_, (x, _)| *x != w);
-        self.compact();
+        let map = &self.map;
+        self.order.retain(|(_, key)| map.contains_key(key));
         self.workers.release(w);
-    }
-
-    fn is_live(&self, tick: u64, key: &BlockKey) -> bool {
-        self.map.get(key).is_some_and(|&(_, t)| t == tick)
-    }
-
-    /// Drops the queue's stale places.
-    fn compact(&mut self) {
-        let mut order = std::mem::take(&mut self.order);
-        order.retain(|(tick, key)| self.is_live(*tick, key));
-        self.order = order;
     }
 }
 
@@ -130,19 +123,20 @@ mod tests {
     }
 
     #[test]
-    fn relearning_keeps_the_queue_bounded_and_recency_right() {
+    fn relearned_keys_get_a_second_chance_and_the_queue_stays_bounded() {
         let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
         let mut m = ApproxMap::new(8);
         for _ in 0..1000 {
             m.learn(&keys(0..4), &a);
         }
-        assert!(m.order.len() <= 2 * m.len() + 1024, "stale places are compacted");
+        assert_eq!(m.order.len(), m.len(), "one place per learned key");
         m.learn(&keys(10..14), &b);
-        m.learn(&keys(0..1), &a);
-        // Capacity 8 is full; the next key evicts the least recently learned: 1, not 0.
+        // Full; the next key evicts the oldest key not relearned since it was queued: 10,
+        // not the older but hot 0..4.
         m.learn(&keys(20..21), &b);
-        assert_eq!(m.matches(&keys(0..4)).get(&a), Some(&1));
-        assert_eq!(m.matches(&keys(10..14)).get(&b), Some(&4));
-        assert_eq!(m.len(), 8);
+        assert_eq!(m.matches(&keys(0..4)).get(&a), Some(&4));
+        assert_eq!(m.matches(&keys(10..14)).get(&b), None);
+        assert_eq!(m.matches(&keys(11..14)).get(&b), Some(&3));
+        assert_eq!((m.len(), m.order.len()), (8, 8));
     }
 }
