@@ -124,7 +124,10 @@ impl AppState {
 
     /// Installs the task starter and starts it for every worker registered so far.
     pub fn set_worker_tasks(&self, tasks: Arc<dyn WorkerTasks>) {
-        *self.tasks.lock() = Some(tasks.clone());
+        // Held while starting, so a worker registered concurrently (a replica adopting a
+        // shared one) is started exactly once: here or by `add_worker`.
+        let mut slot = self.tasks.lock();
+        *slot = Some(tasks.clone());
         for worker in self.registry.read().all() {
             tasks.start(self, &worker);
         }
@@ -140,11 +143,12 @@ impl AppState {
             worker.per_token_ms.unwrap_or(p.per_token_ms),
             p.default_request_tokens,
         );
+        let tasks = self.tasks.lock();
         let entry = self.registry.write().add(worker, block_size, calibration)?;
-        let tasks = self.tasks.lock().clone();
-        if let Some(tasks) = tasks {
+        if let Some(tasks) = tasks.as_ref() {
             tasks.start(self, &entry);
         }
+        drop(tasks);
         tracing::info!(worker = %entry.id, engines = entry.engines.len(), "worker registered");
         Ok(entry)
     }

@@ -18,6 +18,7 @@ pub mod redis;
 pub use config::{RedisConfig, StoreKind};
 
 use crate::assign::Assignment;
+use crate::config::WorkerConfig;
 use crate::ingest::IngestStats;
 use crate::registry::WorkerEntry;
 use crate::state::AppState;
@@ -33,7 +34,11 @@ pub enum ReportEvent {
     Freed,
 }
 
-/// The hooks the service calls; see the module docs. Every method returns at once.
+/// What an admin change to the shared state resolves to: `Err` says why it was not made.
+pub type StoreFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// The hooks the service calls; see the module docs. Every method returns at once (the
+/// admin-only worker sharing returns a future the admin handler awaits).
 pub trait SharedStore: Send + Sync + 'static {
     /// Starts background tasks (replication, health). Called once the state exists.
     fn attach(&self, _state: &AppState) {}
@@ -51,11 +56,21 @@ pub trait SharedStore: Send + Sync + 'static {
         None
     }
 
-    /// A worker was registered through this replica's admin API: share it with the others.
-    fn worker_registered(&self, _worker: &crate::config::WorkerConfig) {}
+    /// Shares a worker about to be registered through this replica's admin API; resolves once
+    /// it is stored for the other replicas. On an error the admin call changes nothing.
+    fn share_worker(&self, _worker: &WorkerConfig) -> StoreFuture {
+        Box::pin(async { Ok(()) })
+    }
 
-    /// A worker was removed through this replica's admin API.
-    fn worker_removed(&self, _id: &str) {}
+    /// Whether `id` is a worker registered through some replica's admin API (not a config one).
+    fn is_shared(&self, _id: &str) -> bool {
+        false
+    }
+
+    /// Unshares a shared worker about to be removed through this replica's admin API.
+    fn unshare_worker(&self, _id: &str) -> StoreFuture {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Some shared state is unreachable: picks still answer from local state, marked degraded.
     fn degraded(&self) -> bool {

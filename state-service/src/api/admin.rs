@@ -33,14 +33,17 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<
 pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
     authorize(&state, &headers)?;
     let worker: WorkerConfig = json_body(&body, "worker")?;
-    match state.add_worker(worker.clone()) {
-        Ok(entry) => {
-            state.store.worker_registered(&worker);
-            Ok((
+    if state.registry.read().get(&worker.id).is_some() {
+        return Err(ApiError::Conflict(RegistryError::Duplicate(worker.id).to_string()));
+    }
+    state.config.validate_worker(&worker).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    // Shared first (with Redis: stored for every replica), then registered here.
+    state.store.share_worker(&worker).await.map_err(|e| ApiError::Unavailable(format!("worker not registered: {e}")))?;
+    match state.add_worker(worker) {
+        Ok(entry) => Ok((
             StatusCode::CREATED,
             Json(json!({ "id": entry.id.as_str(), "engines": entry.engines.len(), "block_size": entry.block_size })),
-            ))
-        }
+        )),
         Err(AddWorkerError::Registry(e @ RegistryError::Duplicate(_))) => Err(ApiError::Conflict(e.to_string())),
         Err(e) => Err(ApiError::BadRequest(e.to_string())),
     }
@@ -48,12 +51,15 @@ pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body:
 
 pub async fn remove_worker(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     authorize(&state, &headers)?;
-    if state.remove_worker(&id) {
-        state.store.worker_removed(&id);
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::NotFound(format!("no worker {id:?}")))
+    if state.registry.read().get(&id).is_none() {
+        return Err(ApiError::NotFound(format!("no worker {id:?}")));
     }
+    // A shared worker leaves every replica; a config worker only this one.
+    if state.store.is_shared(&id) {
+        state.store.unshare_worker(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
+    }
+    state.remove_worker(&id);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]

@@ -19,6 +19,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// Shared state (Redis) could not take the change; nothing was changed.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -30,6 +33,7 @@ impl ApiError {
             ApiError::AdminDisabled => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! work  = tokens_ahead + uncached
-//! steps = ceil(work / (budget - running)) + 1/2 if the worker is busy (the step in flight)
+//! steps = ceil(work / (budget - running)) + 1/2 if the worker is busy (the step in flight:
+//!         its overhead and decodes; its prefill tokens are already in tokens_ahead)
 //! ttft  = overhead * steps + per_token * work + decode * running * steps
 //! ```
 //!

@@ -26,7 +26,7 @@ pub mod wire;
 pub use mirror::{Mirror, MirrorKey, MirroredIndex};
 pub use stats::StoreStats;
 
-use super::{RedisConfig, ReportEvent, SharedStore};
+use super::{RedisConfig, ReportEvent, SharedStore, StoreFuture};
 use crate::assign::Assignment;
 use crate::config::{Config, WorkerConfig};
 use crate::ingest::IngestStats;
@@ -194,8 +194,16 @@ impl RedisStore {
         self.shared.lock().iter().filter(|id| self.shards.owner(&self.worker_key(id)) == shard).cloned().collect()
     }
 
-    /// Registers a worker another replica registered (or found stored), unless it is known.
+    fn is_config_worker(state: &AppState, id: &str) -> bool {
+        state.config.workers.iter().any(|w| w.id == id)
+    }
+
+    /// Registers a worker another replica registered (or found stored), unless this replica
+    /// knows the id already. A config worker of the same id stays this replica's own.
     fn adopt_worker(&self, state: &AppState, worker: WorkerConfig) {
+        if Self::is_config_worker(state, &worker.id) {
+            return;
+        }
         self.shared.lock().insert(worker.id.clone());
         if state.registry.read().get(&worker.id).is_some() {
             return;
@@ -203,16 +211,30 @@ impl RedisStore {
         let id = worker.id.clone();
         match state.add_worker(worker) {
             Ok(_) => tracing::info!(worker = %id, "worker registered by another replica"),
-            Err(e) => tracing::warn!(worker = %id, error = %e, "shared worker rejected here"),
+            Err(e) => {
+                self.shared.lock().remove(&id);
+                tracing::warn!(worker = %id, error = %e, "shared worker rejected here");
+            }
         }
     }
 
-    /// Removes a worker another replica removed.
+    /// Removes a shared worker another replica removed; never a config worker.
     fn drop_worker(&self, state: &AppState, id: &str) {
-        self.shared.lock().remove(id);
+        if !self.shared.lock().remove(id) || Self::is_config_worker(state, id) {
+            return;
+        }
         if state.remove_worker(id) {
             tracing::info!(worker = %id, "worker removed by another replica");
         }
+    }
+
+    /// Writes a worker op to its shard now (SET or DEL, and PUBLISH), for the admin API.
+    async fn write_now(&self, op: Op) -> Result<(), String> {
+        let key = self.op_key(&op);
+        let shard = self.shards.owner(&key);
+        let mut pipe = redis::pipe();
+        self.add_op(&mut pipe, key, op);
+        self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| format!("redis shard {}: {e}", shard.0))
     }
 
     fn send(&self, op: Op) {
@@ -306,14 +328,29 @@ impl SharedStore for RedisStore {
         tokio::spawn(me.probe_loop());
     }
 
-    fn worker_registered(&self, worker: &WorkerConfig) {
-        self.shared.lock().insert(worker.id.clone());
-        self.send(Op::Register { worker: Box::new(worker.clone()) });
+    fn share_worker(&self, worker: &WorkerConfig) -> StoreFuture {
+        let (me, worker) = (self.arc(), worker.clone());
+        Box::pin(async move {
+            let me = me.ok_or("the store is shutting down")?;
+            let id = worker.id.clone();
+            me.write_now(Op::Register { worker: Box::new(worker) }).await?;
+            me.shared.lock().insert(id);
+            Ok(())
+        })
     }
 
-    fn worker_removed(&self, id: &str) {
-        self.shared.lock().remove(id);
-        self.send(Op::Unregister { id: id.to_string() });
+    fn is_shared(&self, id: &str) -> bool {
+        self.shared.lock().contains(id)
+    }
+
+    fn unshare_worker(&self, id: &str) -> StoreFuture {
+        let (me, id) = (self.arc(), id.to_string());
+        Box::pin(async move {
+            let me = me.ok_or("the store is shutting down")?;
+            me.write_now(Op::Unregister { id: id.clone() }).await?;
+            me.shared.lock().remove(&id);
+            Ok(())
+        })
     }
 
     fn assigned(&self, a: &Assignment, keys: &[BlockKey]) {

@@ -23,7 +23,7 @@ fn has(r: &Replica, id: &str) -> bool {
 
 #[test]
 fn admin_registered_workers_are_shared_by_every_replica() {
-    let servers = shards(3);
+    let mut servers = shards(3);
     let config = |name: &str, seed| {
         let mut c = redis_config(&servers, name, seed);
         c.admin_token = Some(TOKEN.into());
@@ -50,6 +50,19 @@ fn admin_registered_workers_are_shared_by_every_replica() {
     wait_until("replicas a and c to remove w9", || !has(&a, "w9") && !has(&c, "w9"));
     let d = Replica::start(config("rd", 4));
     assert!(!has(&d, "w9"));
-    // Config workers are each replica's own: never removed by the shared registry.
-    assert!([&a, &b, &c, &d].iter().all(|r| has(r, "w0")));
+    // Config workers are each replica's own: removing one removes it from that replica only,
+    // and a runtime registration cannot take over a configured id.
+    assert_eq!(admin(&rt, reqwest::Method::DELETE, d.url("/admin/workers/w0"), None), 204);
+    assert_eq!(admin(&rt, reqwest::Method::POST, a.url("/admin/workers"), Some(json!({ "id": "w0", "model": "m" }))), 409);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!has(&d, "w0") && [&a, &b, &c].iter().all(|r| has(r, "w0")));
+
+    // Without Redis a registration is refused (503) and changes nothing, rather than living
+    // on one replica only.
+    for s in &mut servers {
+        s.stop();
+    }
+    let late = json!({ "id": "w10", "model": "other", "endpoint": "127.0.0.1:8998" });
+    assert_eq!(admin(&rt, reqwest::Method::POST, a.url("/admin/workers"), Some(late)), 503);
+    assert!(!has(&a, "w10"));
 }

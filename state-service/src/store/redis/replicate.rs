@@ -117,9 +117,11 @@ async fn subscribe_once(store: &RedisStore, state: &AppState, shard: ShardId) ->
 /// Loads every live assignment record of `shard` that the local table lacks, and brings the
 /// runtime-registered workers whose keys live there up to date.
 async fn resync(store: &RedisStore, state: &AppState, shard: ShardId) -> Result<usize, super::StoreError> {
+    // Known before the scan: a worker shared after this point may be missing from it.
+    let known = store.shared_on(shard);
     let workers = store.load_workers(shard).await?;
     let here: Vec<String> = workers.iter().map(|w| w.id.clone()).collect();
-    for gone in store.shared_on(shard).into_iter().filter(|id| !here.contains(id)) {
+    for gone in known.into_iter().filter(|id| !here.contains(id)) {
         store.drop_worker(state, &gone);
     }
     for worker in workers {
