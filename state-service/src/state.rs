@@ -155,7 +155,11 @@ impl AppState {
 
     /// Unregisters a worker, stops its tasks and forgets everything learned about it.
     pub fn remove_worker(&self, id: &str) -> bool {
+        // The task slot first, as in `add_worker`: a worker being registered has its tasks
+        // started before it can be removed (and stopped here).
+        let tasks = self.tasks.lock();
         let Some(entry) = self.registry.write().remove(id) else { return false };
+        drop(tasks);
         entry.stop_tasks();
         for slot in entry.slots() {
             self.index.clear_engine(slot);

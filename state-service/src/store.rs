@@ -34,8 +34,19 @@ pub enum ReportEvent {
     Freed,
 }
 
-/// What an admin change to the shared state resolves to: `Err` says why it was not made.
-pub type StoreFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+/// Why an admin change to the shared state was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    /// The shared store did not take it (on a timeout it may still have landed: retry).
+    #[error("shared store unavailable: {0}")]
+    Unavailable(String),
+    /// Another replica registered this id first.
+    #[error("worker {0:?} is already registered on another replica")]
+    Exists(String),
+}
+
+/// What an admin change to the shared state resolves to.
+pub type StoreFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShareError>> + Send>>;
 
 /// The hooks the service calls; see the module docs. Every method returns at once (the
 /// admin-only worker sharing returns a future the admin handler awaits).

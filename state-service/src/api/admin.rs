@@ -5,6 +5,7 @@ use crate::config::WorkerConfig;
 use crate::registry::RegistryError;
 use crate::score::Policy;
 use crate::state::{AddWorkerError, AppState};
+use crate::store::ShareError;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header::AUTHORIZATION, HeaderMap, StatusCode};
@@ -38,14 +39,26 @@ pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body:
     }
     state.config.validate_worker(&worker).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     // Shared first (with Redis: stored for every replica), then registered here.
-    state.store.share_worker(&worker).await.map_err(|e| ApiError::Unavailable(format!("worker not registered: {e}")))?;
+    let id = worker.id.clone();
+    state.store.share_worker(&worker).await.map_err(|e| match e {
+        ShareError::Exists(_) => ApiError::Conflict(e.to_string()),
+        ShareError::Unavailable(_) => ApiError::Unavailable(format!("worker not registered: {e}")),
+    })?;
     match state.add_worker(worker) {
         Ok(entry) => Ok((
             StatusCode::CREATED,
             Json(json!({ "id": entry.id.as_str(), "engines": entry.engines.len(), "block_size": entry.block_size })),
         )),
+        // Registered meanwhile (a shared registration of the same id arrived): keep it.
         Err(AddWorkerError::Registry(e @ RegistryError::Duplicate(_))) => Err(ApiError::Conflict(e.to_string())),
-        Err(e) => Err(ApiError::BadRequest(e.to_string())),
+        Err(e) => {
+            // Rejected here (e.g. a block size its model's workers do not use): take the shared
+            // registration back so no replica adopts a worker this one refused.
+            if let Err(undo) = state.store.unshare_worker(&id).await {
+                tracing::warn!(worker = %id, error = %undo, "rejected worker could not be unshared");
+            }
+            Err(ApiError::BadRequest(e.to_string()))
+        }
     }
 }
 

@@ -26,11 +26,12 @@ pub mod wire;
 pub use mirror::{Mirror, MirrorKey, MirroredIndex};
 pub use stats::StoreStats;
 
-use super::{RedisConfig, ReportEvent, SharedStore, StoreFuture};
+use super::{RedisConfig, ReportEvent, ShareError, SharedStore, StoreFuture};
 use crate::assign::Assignment;
 use crate::config::{Config, WorkerConfig};
 use crate::ingest::IngestStats;
-use crate::registry::WorkerEntry;
+use crate::registry::{RegistryError, WorkerEntry};
+use crate::state::AddWorkerError;
 use crate::score::Calibration;
 use crate::state::AppState;
 use crate::types::BlockKey;
@@ -152,7 +153,9 @@ impl RedisStore {
     }
 
     fn calibration_key(&self, worker: &str) -> String {
-        format!("{}:calib:{worker}", self.config.key_prefix)
+        // `steps`: the fit of the step model; fits of the earlier per-request model (under
+        // `calib:`) must not seed it.
+        format!("{}:calib-steps:{worker}", self.config.key_prefix)
     }
 
     fn assignment_key(&self, id: u64) -> String {
@@ -211,6 +214,8 @@ impl RedisStore {
         let id = worker.id.clone();
         match state.add_worker(worker) {
             Ok(_) => tracing::info!(worker = %id, "worker registered by another replica"),
+            // Registered meanwhile (by this replica's admin API): it stays shared.
+            Err(AddWorkerError::Registry(RegistryError::Duplicate(_))) => {}
             Err(e) => {
                 self.shared.lock().remove(&id);
                 tracing::warn!(worker = %id, error = %e, "shared worker rejected here");
@@ -228,13 +233,22 @@ impl RedisStore {
         }
     }
 
-    /// Writes a worker op to its shard now (SET or DEL, and PUBLISH), for the admin API.
-    async fn write_now(&self, op: Op) -> Result<(), String> {
+    /// Writes a worker op to its shard now, for the admin API: a registration only if the id
+    /// is not stored yet (`SET NX`, first registration wins), then its PUBLISH.
+    async fn write_now(&self, op: Op) -> Result<(), ShareError> {
         let key = self.op_key(&op);
         let shard = self.shards.owner(&key);
+        let unavailable = |e: StoreError| ShareError::Unavailable(format!("redis shard {}: {e}", shard.0));
+        if let Op::Register { worker } = &op {
+            let json = serde_json::to_string(worker).map_err(|e| ShareError::Unavailable(e.to_string()))?;
+            let set: Option<String> = self.shards.cmd(shard, redis::cmd("SET").arg(&key).arg(json).arg("NX")).await.map_err(unavailable)?;
+            if set.is_none() {
+                return Err(ShareError::Exists(worker.id.clone()));
+            }
+        }
         let mut pipe = redis::pipe();
         self.add_op(&mut pipe, key, op);
-        self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| format!("redis shard {}: {e}", shard.0))
+        self.shards.pipe::<()>(shard, &pipe).await.map_err(unavailable)
     }
 
     fn send(&self, op: Op) {
@@ -278,12 +292,8 @@ impl RedisStore {
             Op::Set { value, .. } => {
                 pipe.set(&key, value).ignore();
             }
-            Op::Register { worker } => {
-                if let Ok(json) = serde_json::to_string(&worker) {
-                    pipe.set(&key, json).ignore();
-                    publish(pipe, Event::WorkerAdded(worker));
-                }
-            }
+            // Stored by `write_now` (SET NX) before this pipeline.
+            Op::Register { worker } => publish(pipe, Event::WorkerAdded(worker)),
             Op::Unregister { id } => {
                 pipe.del(&key).ignore();
                 publish(pipe, Event::WorkerRemoved { id });
@@ -331,7 +341,7 @@ impl SharedStore for RedisStore {
     fn share_worker(&self, worker: &WorkerConfig) -> StoreFuture {
         let (me, worker) = (self.arc(), worker.clone());
         Box::pin(async move {
-            let me = me.ok_or("the store is shutting down")?;
+            let me = me.ok_or_else(|| ShareError::Unavailable("the store is shutting down".into()))?;
             let id = worker.id.clone();
             me.write_now(Op::Register { worker: Box::new(worker) }).await?;
             me.shared.lock().insert(id);
@@ -346,7 +356,7 @@ impl SharedStore for RedisStore {
     fn unshare_worker(&self, id: &str) -> StoreFuture {
         let (me, id) = (self.arc(), id.to_string());
         Box::pin(async move {
-            let me = me.ok_or("the store is shutting down")?;
+            let me = me.ok_or_else(|| ShareError::Unavailable("the store is shutting down".into()))?;
             me.write_now(Op::Unregister { id: id.clone() }).await?;
             me.shared.lock().remove(&id);
             Ok(())

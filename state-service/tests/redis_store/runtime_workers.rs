@@ -57,6 +57,25 @@ fn admin_registered_workers_are_shared_by_every_replica() {
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(!has(&d, "w0") && [&a, &b, &c].iter().all(|r| has(r, "w0")));
 
+    // First registration wins: an id already stored (here by hand, as by a replica whose
+    // event has not arrived yet) is refused.
+    let store = &a.store;
+    let key = "t:worker:w12";
+    let owner = store.shards.owner(key);
+    let stored = json!({ "id": "w12", "model": "other" }).to_string();
+    let _: () = rt.block_on(store.shards.cmd(owner, redis::cmd("SET").arg(key).arg(&stored))).expect("SET");
+    assert_eq!(admin(&rt, reqwest::Method::POST, a.url("/admin/workers"), Some(json!({ "id": "w12", "model": "other", "endpoint": "x:1" }))), 409);
+    let _: () = rt.block_on(store.shards.cmd(owner, redis::cmd("DEL").arg(key))).expect("DEL");
+
+    // A worker this replica rejects (model m's workers use block size 16) is taken back from
+    // Redis, so no other replica adopts it.
+    let odd = json!({ "id": "w13", "model": "m", "endpoint": "127.0.0.1:8997", "block_size": 32 });
+    assert_eq!(admin(&rt, reqwest::Method::POST, a.url("/admin/workers"), Some(odd)), 400);
+    let w13: Option<String> = rt.block_on(store.shards.cmd(store.shards.owner("t:worker:w13"), redis::cmd("GET").arg("t:worker:w13"))).expect("GET");
+    assert_eq!(w13, None);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!([&a, &b, &c, &d].iter().all(|r| !has(r, "w13")));
+
     // Without Redis a registration is refused (503) and changes nothing, rather than living
     // on one replica only.
     for s in &mut servers {
