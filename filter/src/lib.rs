@@ -13,6 +13,9 @@
 //! The filter fails open: whatever goes wrong, the request continues to the route's default
 //! upstream with a counted, labelled reason. It never panics in a callback.
 
+// A panic traps the Wasm VM inside Envoy: outside tests every Result and Option is handled.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
 pub mod config;
 pub mod decision;
 pub mod report;
