@@ -3,8 +3,8 @@
 //! - `memory` (default): nothing is shared; every hook is a no-op. One instance, no Redis.
 //! - `redis`: several state services act as one (see `store/redis.rs` and the README's
 //!   "Replicas and Redis" section): workers registered at runtime, assignments, pending
-//!   load, speculative credit and calibration are replicated through Redis, and the lease holder of each engine mirrors
-//!   its block set to Redis for warm starts.
+//!   load, speculative credit and calibration are replicated through Redis, and the lease
+//!   holder of each engine mirrors its block set to Redis for warm starts.
 //!
 //! The pick path only ever calls [`SharedStore::assigned`], which must not wait: a store
 //! that talks to a network queues the write and returns. Every replica keeps its own

@@ -166,30 +166,38 @@ impl RedisStore {
         format!("{}:worker:{id}", self.config.key_prefix)
     }
 
-    /// The runtime-registered workers stored on `shard`.
-    async fn load_workers(&self, shard: ShardId) -> Result<Vec<WorkerConfig>, StoreError> {
-        let pattern = format!("{}:worker:*", self.config.key_prefix);
+    /// The values of every key on `shard` matching `pattern` (SCAN + MGET; keys that expire
+    /// between the two are skipped).
+    pub(crate) async fn scan_values(&self, shard: ShardId, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
         let (mut cursor, mut out) = (0u64, Vec::new());
         loop {
             let (next, keys): (u64, Vec<String>) =
-                self.shards.cmd(shard, redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000)).await?;
+                self.shards.cmd(shard, redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000)).await?;
             if !keys.is_empty() {
-                let values: Vec<Option<String>> = self.shards.cmd(shard, redis::cmd("MGET").arg(&keys)).await?;
-                for json in values.into_iter().flatten() {
-                    match serde_json::from_str::<WorkerConfig>(&json) {
-                        Ok(w) => out.push(w),
-                        Err(e) => {
-                            self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(error = %e, "stored worker unreadable");
-                        }
-                    }
-                }
+                let values: Vec<Option<Vec<u8>>> = self.shards.cmd(shard, redis::cmd("MGET").arg(&keys)).await?;
+                out.extend(values.into_iter().flatten());
             }
             if next == 0 {
                 return Ok(out);
             }
             cursor = next;
         }
+    }
+
+    /// The runtime-registered workers stored on `shard`.
+    async fn load_workers(&self, shard: ShardId) -> Result<Vec<WorkerConfig>, StoreError> {
+        let values = self.scan_values(shard, &format!("{}:worker:*", self.config.key_prefix)).await?;
+        Ok(values
+            .into_iter()
+            .filter_map(|json| match serde_json::from_slice::<WorkerConfig>(&json) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "stored worker unreadable");
+                    None
+                }
+            })
+            .collect())
     }
 
     /// The shared workers whose keys live on `shard`.
@@ -233,22 +241,29 @@ impl RedisStore {
         }
     }
 
-    /// Writes a worker op to its shard now, for the admin API: a registration only if the id
-    /// is not stored yet (`SET NX`, first registration wins), then its PUBLISH.
-    async fn write_now(&self, op: Op) -> Result<(), ShareError> {
-        let key = self.op_key(&op);
+    /// Stores a worker registered through the admin API (`SET NX`: the first registration of
+    /// an id wins) and publishes it, before the admin call answers.
+    async fn register_now(&self, worker: &WorkerConfig) -> Result<(), ShareError> {
+        let key = self.worker_key(&worker.id);
         let shard = self.shards.owner(&key);
-        let unavailable = |e: StoreError| ShareError::Unavailable(format!("redis shard {}: {e}", shard.0));
-        if let Op::Register { worker } = &op {
-            let json = serde_json::to_string(worker).map_err(|e| ShareError::Unavailable(e.to_string()))?;
-            let set: Option<String> = self.shards.cmd(shard, redis::cmd("SET").arg(&key).arg(json).arg("NX")).await.map_err(unavailable)?;
-            if set.is_none() {
-                return Err(ShareError::Exists(worker.id.clone()));
-            }
+        let json = serde_json::to_string(worker).map_err(|e| ShareError::Unavailable(e.to_string()))?;
+        let stored: Option<String> = self.shards.cmd(shard, redis::cmd("SET").arg(&key).arg(json).arg("NX")).await.map_err(|e| unavailable(shard, e))?;
+        if stored.is_none() {
+            return Err(ShareError::Exists(worker.id.clone()));
         }
         let mut pipe = redis::pipe();
-        self.add_op(&mut pipe, key, op);
-        self.shards.pipe::<()>(shard, &pipe).await.map_err(unavailable)
+        self.publish(&mut pipe, Event::WorkerAdded(Box::new(worker.clone())));
+        self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| unavailable(shard, e))
+    }
+
+    /// Deletes a shared worker and publishes its removal, before the admin call answers.
+    async fn unregister_now(&self, id: &str) -> Result<(), ShareError> {
+        let key = self.worker_key(id);
+        let shard = self.shards.owner(&key);
+        let mut pipe = redis::pipe();
+        pipe.del(&key).ignore();
+        self.publish(&mut pipe, Event::WorkerRemoved { id: id.to_string() });
+        self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| unavailable(shard, e))
     }
 
     fn send(&self, op: Op) {
@@ -263,40 +278,34 @@ impl RedisStore {
             Op::Put { record, .. } => self.assignment_key(record.id),
             Op::Delete { id, .. } => self.assignment_key(*id),
             Op::Set { key, .. } => key.clone(),
-            Op::Register { worker } => self.worker_key(&worker.id),
-            Op::Unregister { id } => self.worker_key(id),
+        }
+    }
+
+    /// Adds the PUBLISH of `event` on this store's channel to `pipe`.
+    fn publish(&self, pipe: &mut redis::Pipeline, event: Event) {
+        let msg = wire::Message { from: self.replica.clone(), event };
+        if let Ok(json) = serde_json::to_string(&msg) {
+            // The origin first, so a replica skips its own messages without parsing.
+            pipe.publish(&self.channel, format!("{}\n{json}", self.replica)).ignore();
         }
     }
 
     fn add_op(&self, pipe: &mut redis::Pipeline, key: String, op: Op) {
-        let publish = |pipe: &mut redis::Pipeline, event: Event| {
-            let msg = wire::Message { from: self.replica.clone(), event };
-            if let Ok(json) = serde_json::to_string(&msg) {
-                // The origin first, so a replica skips its own messages without parsing.
-                pipe.publish(&self.channel, format!("{}\n{json}", self.replica)).ignore();
-            }
-        };
         match op {
             Op::Put { record, ttl, event } => {
                 if let Ok(json) = serde_json::to_string(&record) {
                     pipe.pset_ex(&key, json, ttl.as_millis().max(1) as u64).ignore();
                 }
                 if let Some(event) = event {
-                    publish(pipe, event);
+                    self.publish(pipe, event);
                 }
             }
             Op::Delete { event, .. } => {
                 pipe.del(&key).ignore();
-                publish(pipe, event);
+                self.publish(pipe, event);
             }
             Op::Set { value, .. } => {
                 pipe.set(&key, value).ignore();
-            }
-            // Stored by `write_now` (SET NX) before this pipeline.
-            Op::Register { worker } => publish(pipe, Event::WorkerAdded(worker)),
-            Op::Unregister { id } => {
-                pipe.del(&key).ignore();
-                publish(pipe, Event::WorkerRemoved { id });
             }
         }
     }
@@ -315,6 +324,10 @@ impl RedisStore {
             tokio::time::sleep(every).await;
         }
     }
+}
+
+fn unavailable(shard: ShardId, e: StoreError) -> ShareError {
+    ShareError::Unavailable(format!("redis shard {}: {e}", shard.0))
 }
 
 impl SharedStore for RedisStore {
@@ -343,7 +356,7 @@ impl SharedStore for RedisStore {
         Box::pin(async move {
             let me = me.ok_or_else(|| ShareError::Unavailable("the store is shutting down".into()))?;
             let id = worker.id.clone();
-            me.write_now(Op::Register { worker: Box::new(worker) }).await?;
+            me.register_now(&worker).await?;
             me.shared.lock().insert(id);
             Ok(())
         })
@@ -357,7 +370,7 @@ impl SharedStore for RedisStore {
         let (me, id) = (self.arc(), id.to_string());
         Box::pin(async move {
             let me = me.ok_or_else(|| ShareError::Unavailable("the store is shutting down".into()))?;
-            me.write_now(Op::Unregister { id: id.clone() }).await?;
+            me.unregister_now(&id).await?;
             me.shared.lock().remove(&id);
             Ok(())
         })

@@ -17,7 +17,6 @@ use super::shards::ShardId;
 use super::wire::{Event, Message, Record};
 use super::{RedisStore, StoreStats};
 use crate::assign::{AssignmentId, ReportOutcome};
-use crate::config::WorkerConfig;
 use crate::state::AppState;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -36,10 +35,6 @@ pub enum Op {
     Delete { id: u64, event: Event },
     /// A plain key/value with a TTL (calibration snapshots).
     Set { key: String, value: String },
-    /// Store a worker registered at runtime and publish it.
-    Register { worker: Box<WorkerConfig> },
-    /// Delete a runtime-registered worker and publish its removal.
-    Unregister { id: String },
 }
 
 /// Most ops sent in one pipeline.
@@ -127,29 +122,17 @@ async fn resync(store: &RedisStore, state: &AppState, shard: ShardId) -> Result<
     for worker in workers {
         store.adopt_worker(state, worker);
     }
-    let pattern = format!("{}:asg:*", store.config.key_prefix);
-    let mut cursor: u64 = 0;
     let mut loaded = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) =
-            store.shards.cmd(shard, redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000)).await?;
-        if !keys.is_empty() {
-            let values: Vec<Option<Vec<u8>>> = store.shards.cmd(shard, redis::cmd("MGET").arg(&keys)).await?;
-            for value in values.into_iter().flatten() {
-                match serde_json::from_slice::<Record>(&value) {
-                    Ok(r) if r.replica != store.replica => loaded += usize::from(insert(state, &r, false)),
-                    Ok(_) => {}
-                    Err(_) => {
-                        store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+    for value in store.scan_values(shard, &format!("{}:asg:*", store.config.key_prefix)).await? {
+        match serde_json::from_slice::<Record>(&value) {
+            Ok(r) if r.replica != store.replica => loaded += usize::from(insert(state, &r, false)),
+            Ok(_) => {}
+            Err(_) => {
+                store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if next == 0 {
-            return Ok(loaded);
-        }
-        cursor = next;
     }
+    Ok(loaded)
 }
 
 /// Applies another replica's event to local state.
