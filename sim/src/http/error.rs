@@ -50,19 +50,23 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// An error as vLLM's Anthropic endpoint writes it (a response body or an SSE `error` event):
+/// `{"type": "error", "error": {type, message}}`, the type in Anthropic's vocabulary.
+pub fn anthropic_error(status: StatusCode, message: &str) -> serde_json::Value {
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+        _ => "api_error",
+    };
+    serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
 impl ApiError {
-    /// The error as vLLM's Anthropic endpoint writes it: `{"type": "error", "error": {type,
-    /// message}}`, the type in Anthropic's vocabulary.
+    /// The error as a `/v1/messages` response.
     pub fn anthropic(self) -> Response {
         let status = self.status();
-        let kind = match status {
-            StatusCode::BAD_REQUEST => "invalid_request_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
-            _ => "api_error",
-        };
-        let body = serde_json::json!({"type": "error", "error": {"type": kind, "message": self.to_string()}});
-        (status, Json(body)).into_response()
+        (status, Json(anthropic_error(status, &self.to_string()))).into_response()
     }
 }
 

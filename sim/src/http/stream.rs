@@ -7,12 +7,12 @@
 //! (`answer.rs`), so the chunks concatenate to the decoding of the ids the engine cached;
 //! counts and timing are the engine's.
 
-use super::error::ApiError;
+use super::error::{anthropic_error, ApiError};
 use crate::engine::{FinishReason, Finished};
 use crate::ids::RequestId;
 use crate::worker::TokenRx;
 use axum::body::{Body, Bytes};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -220,12 +220,12 @@ pub fn sse_response(p: Params, mut rx: TokenRx) -> Response {
         let message = "the worker restarted while generating";
         let err = if p.kind == Kind::Messages {
             // As vLLM's converter ends a failed stream: close the open block, then an error
-            // event in Anthropic's vocabulary (503 -> overloaded_error).
+            // event (a 503: overloaded_error).
             let mut out = String::new();
             if index > 0 {
                 out += &event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
             }
-            out += &event("error", &json!({"type": "error", "error": {"type": "overloaded_error", "message": message}}));
+            out += &event("error", &anthropic_error(StatusCode::SERVICE_UNAVAILABLE, message));
             Bytes::from(out)
         } else {
             sse(&json!({"error": {"message": message, "type": "InternalServerError", "code": 503}}))
