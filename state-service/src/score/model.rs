@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Charging the overhead per step, not per request, matters under load: many short prefills
-//! share one step. (An earlier model charged it per queued request; fitted online, it put
-//! prefill cost ~30% low and hit predictions 2x fast in the shared-prefix benchmark.)
+//! share one step. (An earlier model charged it per queued request; fitted online, it
+//! predicted cache hits 2.3x too fast in the shared-prefix benchmark: bench/README.md.)
 //!
 //! `tokens_ahead` counts our own assignments without a first token by their uncached tokens
 //! (fresher than the metrics) and the scraped waiting requests beyond those by a default
