@@ -8,13 +8,18 @@
 //!
 //! Invariant: `encode(decode(ids)) == ids`, and the per-token pieces concatenate to
 //! `decode(ids)`. It holds because every filler word is a leading-space word the model's
-//! tokenizer keeps as one token that decodes to itself ([`FillerWords::for_model`] checks this
-//! when the tokenizer loads): byte-level BPE pre-tokenizers split text before each such word,
-//! so any sequence of them encodes word by word, and a cut between two tokens is a cut between
-//! two words. With the byte fallback every byte is a token and the words are ASCII.
+//! tokenizer keeps as one token that decodes to itself ([`FillerWords::for_tokenizer`] checks
+//! this once per tokenizer, when an [`Answerer`] is built): byte-level BPE pre-tokenizers split
+//! text before each such word, so any sequence of them encodes word by word, and a cut between
+//! two tokens is a cut between two words. With the byte fallback every byte is a token and the
+//! words are ASCII.
+//!
+//! Data flow: this module sits on top of [`crate::chat`] (it encodes and decodes with the
+//! worker's [`ChatTokenizer`]); the HTTP layer asks an [`Answerer`] for the ids the engine
+//! will emit and the text to stream. The tokenizer does not know answers exist.
 
 use crate::chat::{ChatError, ChatTokenizer};
-use kvroute_tokenize::ModelTokenizer;
+use std::sync::Arc;
 
 /// Candidate filler words; a model keeps those that are single, self-decoding tokens.
 const WORDS: &[&str] = &[
@@ -36,12 +41,13 @@ impl FillerWords {
     /// The candidates `tokenizer` encodes as one token that decodes back to the word. With a
     /// vocabulary keeping none of them (not seen in practice) all are used and a cut may split
     /// a word; the answer then still streams, it just may not round-trip.
-    pub fn for_model(tokenizer: &ModelTokenizer) -> FillerWords {
+    pub fn for_tokenizer(tokenizer: &ChatTokenizer) -> FillerWords {
+        let ChatTokenizer::Model(model) = tokenizer else { return FillerWords::bytes() };
         let keep: Vec<&'static str> = WORDS
             .iter()
             .copied()
-            .filter(|w| match tokenizer.encoder().encode_uncached(w, false).as_deref() {
-                Ok([id]) => decode(tokenizer, &[*id]).is_ok_and(|d| d == *w),
+            .filter(|w| match model.encoder().encode_uncached(w, false).as_deref() {
+                Ok([id]) => tokenizer.decode(&[*id]).is_ok_and(|d| d == *w),
                 _ => false,
             })
             .collect();
@@ -80,27 +86,49 @@ pub fn seed_for(prompt: &[u32]) -> u64 {
     prompt.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| (h ^ u64::from(*t)).wrapping_mul(0x0100_0000_01b3))
 }
 
-impl ChatTokenizer {
+/// Makes up answers for one tokenizer. The filler words are chosen once, here, because the
+/// check costs a few dozen encodes and depends only on the vocabulary.
+#[derive(Debug)]
+pub struct Answerer {
+    tokenizer: Arc<ChatTokenizer>,
+    words: FillerWords,
+}
+
+impl Answerer {
+    pub fn new(tokenizer: Arc<ChatTokenizer>) -> Answerer {
+        let words = FillerWords::for_tokenizer(&tokenizer);
+        Answerer { tokenizer, words }
+    }
+
+    pub fn tokenizer(&self) -> &ChatTokenizer {
+        &self.tokenizer
+    }
+
+    pub fn words(&self) -> &FillerWords {
+        &self.words
+    }
+
     /// An answer of exactly `len` tokens (see the module docs for why it round-trips).
     pub fn answer(&self, seed: u64, len: usize) -> Result<Answer, ChatError> {
         let mut rng = SplitMix(seed);
         let mut ids = Vec::with_capacity(len);
-        match self {
-            ChatTokenizer::Model { tokenizer, words } => {
+        match &*self.tokenizer {
+            ChatTokenizer::Model(model) => {
                 // Every word is at least one token, so one round usually suffices; padding
                 // appends whole words, which encode independently of what precedes them.
                 while ids.len() < len {
-                    let text = words.text(&mut rng, len - ids.len());
-                    ids.extend(tokenizer.encoder().encode_uncached(&text, false)?);
+                    let text = self.words.text(&mut rng, len - ids.len());
+                    ids.extend(model.encoder().encode_uncached(&text, false)?);
                 }
                 ids.truncate(len);
-                let pieces = ids.iter().map(|id| decode(tokenizer, &[*id])).collect::<Result<_, _>>()?;
+                let pieces = ids.iter().map(|id| self.tokenizer.decode(&[*id])).collect::<Result<_, _>>()?;
                 Ok(Answer { ids, pieces })
             }
             ChatTokenizer::ByteFallback(_) => {
-                let words = FillerWords::bytes();
+                // Every word is at least two bytes, so half the missing length in words
+                // always covers it.
                 while ids.len() < len {
-                    ids.extend(words.text(&mut rng, (len - ids.len()).div_ceil(2)).bytes().map(u32::from));
+                    ids.extend(self.words.text(&mut rng, (len - ids.len()).div_ceil(2)).bytes().map(u32::from));
                 }
                 ids.truncate(len);
                 let pieces = ids.iter().map(|b| char::from(*b as u8).to_string()).collect();
@@ -108,20 +136,6 @@ impl ChatTokenizer {
             }
         }
     }
-
-    /// The text of `ids` as vLLM returns it (special tokens skipped).
-    pub fn decode(&self, ids: &[u32]) -> Result<String, ChatError> {
-        match self {
-            ChatTokenizer::Model { tokenizer, .. } => decode(tokenizer, ids),
-            ChatTokenizer::ByteFallback(_) => {
-                Ok(String::from_utf8_lossy(&ids.iter().map(|b| *b as u8).collect::<Vec<u8>>()).into_owned())
-            }
-        }
-    }
-}
-
-fn decode(tokenizer: &ModelTokenizer, ids: &[u32]) -> Result<String, ChatError> {
-    tokenizer.encoder().tokenizer().decode(ids, true).map_err(|e| ChatError::Encode(format!("decode: {e}")))
 }
 
 /// splitmix64: a tiny seeded generator, enough to vary filler words.
@@ -140,49 +154,59 @@ impl SplitMix {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
 
-    fn round_trips(tok: &ChatTokenizer, seeds: std::ops::Range<u64>) {
+    fn round_trips(answers: &Answerer, seeds: std::ops::Range<u64>) {
+        let tok = answers.tokenizer();
         for seed in seeds {
             let len = 1 + (seed as usize * 37) % 300;
-            let a = tok.answer(seed, len).unwrap();
+            let a = answers.answer(seed, len).unwrap();
             assert_eq!((a.ids.len(), a.pieces.len()), (len, len), "seed {seed}");
             let text = tok.decode(&a.ids).unwrap();
             assert_eq!(a.pieces.concat(), text, "seed {seed}: pieces concatenate to the decoding");
             assert_eq!(tok.encode_text(&text).unwrap(), a.ids, "seed {seed}: encode(decode(ids)) == ids");
-            assert_eq!(tok.answer(seed, len).unwrap(), a, "seed {seed}: deterministic");
+            assert_eq!(answers.answer(seed, len).unwrap(), a, "seed {seed}: deterministic");
         }
     }
 
     #[test]
     fn byte_fallback_answers_round_trip() {
-        round_trips(&ChatTokenizer::byte_fallback(), 0..500);
+        round_trips(&Answerer::new(Arc::new(ChatTokenizer::byte_fallback())), 0..500);
     }
 
-    /// The Qwen3 fixture, when `tokenize/fetch-tokenizer.sh` has fetched it (it needs the
-    /// network once; `cargo test -p kvroute-tokenize` and the e2e tests fetch it too).
-    fn qwen3() -> Option<ChatTokenizer> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = std::process::Command::new("bash").arg(root.join("tokenize/fetch-tokenizer.sh")).output().ok()?;
-        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !out.status.success() || dir.is_empty() {
-            eprintln!("skipping: no tokenizer fixture ({})", String::from_utf8_lossy(&out.stderr));
-            return None;
-        }
-        Some(ChatTokenizer::from_dir(std::path::Path::new(&dir)).unwrap())
+    /// The repository root: `$KVROUTE_ROOT` (set by scripts/test.sh), else the parent of this
+    /// crate, as in the e2e crate's `paths::repo_root`.
+    fn repo_root() -> PathBuf {
+        std::env::var_os("KVROUTE_ROOT").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+    }
+
+    /// The Qwen3 fixture, located the way every other test locates it: the idempotent
+    /// `tokenize/fetch-tokenizer.sh` prints its directory under `.cache/`. A missing fixture
+    /// fails the test: skipping would let the round-trip claim pass unchecked.
+    fn qwen3() -> Answerer {
+        let script = repo_root().join("tokenize/fetch-tokenizer.sh");
+        let setup = "run scripts/setup.sh first (it puts the Qwen3 tokenizer under .cache/)";
+        let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}; {setup}", script.display()));
+        assert!(out.status.success(), "{} failed: {}; {setup}", script.display(), String::from_utf8_lossy(&out.stderr));
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let tokenizer = ChatTokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("loading the Qwen3 fixture from {}: {e}; {setup}", dir.display()));
+        Answerer::new(Arc::new(tokenizer))
     }
 
     #[test]
     fn model_answers_round_trip_and_continue_a_rendered_prompt() {
-        let Some(tok) = qwen3() else { return };
-        let ChatTokenizer::Model { words, .. } = &tok else { panic!("a model tokenizer") };
-        assert!(words.len() >= 20, "most filler words are single Qwen3 tokens: {words:?}");
-        round_trips(&tok, 0..300);
+        let answers = qwen3();
+        let tok = answers.tokenizer();
+        assert_eq!(tok.kind(), crate::chat::TokenizerKind::HuggingFace, "the fixture is a model tokenizer");
+        assert!(answers.words().len() >= 20, "most filler words are single Qwen3 tokens: {:?}", answers.words());
+        round_trips(&answers, 0..300);
 
         // Turn two's rendering re-tokenizes turn one's answer to the ids turn one cached.
         let turn1 = serde_json::json!({"messages": [{"role": "user", "content": "Explain prefix caching."}], "add_generation_prompt": true});
         let prompt = tok.encode_chat(&turn1.to_string(), kvroute_tokenize::Api::ChatCompletions).unwrap();
         for seed in 0..50 {
-            let a = tok.answer(seed, 40).unwrap();
+            let a = answers.answer(seed, 40).unwrap();
             let turn2 = serde_json::json!({"messages": [
                 {"role": "user", "content": "Explain prefix caching."},
                 {"role": "assistant", "content": tok.decode(&a.ids).unwrap()},

@@ -11,8 +11,11 @@
 //! ChatML layout and maps each UTF-8 byte to one token id: cheap, deterministic, and reported
 //! as such by `/tokenize`. It lives here rather than in the shared crate because it is a
 //! simulator convenience: the router must never mistake it for a model's tokenization.
+//!
+//! Data flow: request body -> [`ChatTokenizer`] -> prompt ids for the engine, and sampled ids
+//! -> [`ChatTokenizer::decode`] -> response text. This module knows nothing of how answers are
+//! made up: `answer.rs` builds on it (filler words chosen per tokenizer), not the other way.
 
-use crate::answer::FillerWords;
 use kvroute_tokenize::chat::ChatTemplate;
 use kvroute_tokenize::input::{self, RenderSettings};
 use kvroute_tokenize::{Api, ModelTokenizer};
@@ -31,10 +34,11 @@ const FALLBACK_TEMPLATE: &str = "{%- for m in messages %}<|im_start|>{{ m.role }
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 pub enum ChatTokenizer {
-    /// A model's tokenizer, and the filler words its answers are made of (`answer.rs`).
-    Model { tokenizer: Box<ModelTokenizer>, words: FillerWords },
-    /// ChatML rendering, one token per UTF-8 byte.
-    ByteFallback(Option<ChatTemplate>),
+    /// A model's tokenizer.
+    Model(Box<ModelTokenizer>),
+    /// ChatML rendering, one token per UTF-8 byte. Boxed like the model so that neither
+    /// variant makes the enum large (a compiled template is a few hundred bytes).
+    ByteFallback(Option<Box<ChatTemplate>>),
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -46,18 +50,16 @@ impl std::fmt::Debug for ChatTokenizer {
 impl ChatTokenizer {
     /// Loads `tokenizer.json` and `tokenizer_config.json` (with `chat_template`) from `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, ChatError> {
-        let tokenizer = ModelTokenizer::from_dir(dir)?;
-        let words = FillerWords::for_model(&tokenizer);
-        Ok(ChatTokenizer::Model { tokenizer: Box::new(tokenizer), words })
+        Ok(ChatTokenizer::Model(Box::new(ModelTokenizer::from_dir(dir)?)))
     }
 
     pub fn byte_fallback() -> Self {
-        ChatTokenizer::ByteFallback(ChatTemplate::new(FALLBACK_TEMPLATE, &[]).ok())
+        ChatTokenizer::ByteFallback(ChatTemplate::new(FALLBACK_TEMPLATE, &[]).ok().map(Box::new))
     }
 
     pub fn kind(&self) -> TokenizerKind {
         match self {
-            ChatTokenizer::Model { .. } => TokenizerKind::HuggingFace,
+            ChatTokenizer::Model(_) => TokenizerKind::HuggingFace,
             ChatTokenizer::ByteFallback(_) => TokenizerKind::ByteFallback,
         }
     }
@@ -67,7 +69,7 @@ impl ChatTokenizer {
     /// messages as vLLM's Anthropic endpoint converts them).
     pub fn render_chat(&self, body: &str, api: Api) -> Result<String, ChatError> {
         match self {
-            ChatTokenizer::Model { tokenizer: t, .. } => t.render_chat(body, api).map(|r| r.text),
+            ChatTokenizer::Model(t) => t.render_chat(body, api).map(|r| r.text),
             ChatTokenizer::ByteFallback(template) => {
                 let template = template.as_ref().ok_or_else(|| ChatError::Template("fallback template did not compile".into()))?;
                 let parsed = input::parse(body, api, FALLBACK_TEMPLATE, &RenderSettings::default())?;
@@ -79,7 +81,7 @@ impl ChatTokenizer {
     /// Renders then encodes without special tokens, as vLLM does for chat requests.
     pub fn encode_chat(&self, body: &str, api: Api) -> Result<Vec<u32>, ChatError> {
         match self {
-            ChatTokenizer::Model { tokenizer: t, .. } => t.encode_chat(body, api),
+            ChatTokenizer::Model(t) => t.encode_chat(body, api),
             ChatTokenizer::ByteFallback(_) => Ok(bytes(&self.render_chat(body, api)?)),
         }
     }
@@ -87,10 +89,23 @@ impl ChatTokenizer {
     /// A plain prompt, encoded as vLLM's completions endpoint does (special tokens added).
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, ChatError> {
         match self {
-            ChatTokenizer::Model { tokenizer: t, .. } => t.encode_text(text),
+            ChatTokenizer::Model(t) => t.encode_text(text),
             ChatTokenizer::ByteFallback(_) => Ok(bytes(text)),
         }
     }
+
+    /// The text of `ids` as vLLM returns it (special tokens skipped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ChatError> {
+        match self {
+            ChatTokenizer::Model(t) => decode_model(t, ids),
+            ChatTokenizer::ByteFallback(_) => Ok(String::from_utf8_lossy(&ids.iter().map(|b| *b as u8).collect::<Vec<u8>>()).into_owned()),
+        }
+    }
+}
+
+/// `tokenizers`' decoding of `ids`, special tokens skipped (as vLLM detokenizes by default).
+fn decode_model(tokenizer: &ModelTokenizer, ids: &[u32]) -> Result<String, ChatError> {
+    tokenizer.encoder().tokenizer().decode(ids, true).map_err(|e| ChatError::Encode(format!("decode: {e}")))
 }
 
 fn bytes(text: &str) -> Vec<u32> {

@@ -9,6 +9,7 @@
 //! free one per socket (tests); the real ports are in the layout, and then the "+ r" rule
 //! does not hold.
 
+use crate::answer::Answerer;
 use crate::chat::ChatTokenizer;
 use crate::engine::EngineConfig;
 use crate::events::{spawn_publisher, EventEncoding, PubCommand, PublisherConfig, PublisherError, PublisherHandle};
@@ -142,6 +143,8 @@ impl Cluster {
         let cfg = ClusterConfig { dp_size: cfg.dp_size.max(1), ..cfg };
         let ctx = zmq::Context::new();
         let mut cluster = Cluster { workers: Vec::new(), layout: Vec::new(), servers: Vec::new() };
+        // One answerer for all workers: they share the tokenizer, so the same filler words.
+        let answers = Arc::new(Answerer::new(tokenizer.clone()));
         for i in 0..cfg.workers {
             let engine = cfg.overrides.iter().find(|(w, _)| *w == i).map(|(_, e)| e.clone()).unwrap_or(cfg.engine.clone());
             let (mut workers, mut ranks) = (Vec::new(), Vec::new());
@@ -176,6 +179,7 @@ impl Cluster {
             let state = AppState {
                 worker: worker.clone(),
                 tokenizer: tokenizer.clone(),
+                answers: answers.clone(),
                 faults: Arc::new(Mutex::new(vec![faults; cfg.dp_size])),
                 layout: Arc::new(serde_json::to_value(&layout).unwrap_or_default()),
             };

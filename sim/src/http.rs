@@ -9,6 +9,7 @@ mod openai;
 mod simctl;
 mod stream;
 
+use crate::answer::Answerer;
 use crate::chat::ChatTokenizer;
 use crate::dp::DpWorker;
 use axum::http::HeaderValue;
@@ -32,6 +33,8 @@ pub struct Faults {
 pub struct AppState {
     pub worker: DpWorker,
     pub tokenizer: Arc<ChatTokenizer>,
+    /// Generated answers, made with the same tokenizer.
+    pub answers: Arc<Answerer>,
     /// Indexed by rank.
     pub faults: Arc<Mutex<Vec<Faults>>>,
     /// Endpoints advertised by `/sim/state`.

@@ -5,6 +5,11 @@
 //! axum server, publishing vLLM-identical KV events over ZMQ and vLLM-named Prometheus
 //! metrics. A worker may run several data-parallel ranks ([`dp::DpWorker`]), each its own
 //! engine and publisher. See sim/README.md for the CLI, port layout and the default GPU profile.
+//!
+//! Module layers, each using only those above it in this list: `ids`; `engine`; `events`,
+//! `metrics`; `worker`; `dp`; `chat` (request -> prompt ids, ids -> text); `answer` (made-up
+//! outputs, built on `chat`); `http` (the API, over all of the above); `cluster` (wires
+//! workers, publishers and servers).
 
 pub mod engine;
 pub mod ids;

@@ -1,5 +1,9 @@
-//! A bounded, sharded cache keyed by a 128-bit hash: encoded prompt pieces (ids keyed by the
-//! hash of their text) and, in [`crate::prefix`], rendered conversation prefixes.
+//! A bounded, sharded cache keyed by a 128-bit hash, generic over its value: the encoder keeps
+//! encoded prompt pieces in it (ids keyed by the hash of their text), the incremental renderer
+//! rendered conversation prefixes.
+//!
+//! A leaf module: it knows no caller (so the docs name none with a link), and the modules that
+//! cache something depend on it, never the other way round.
 //!
 //! Eviction is generational (an LRU approximation with O(1) work and no per-entry links): each
 //! shard has a `young` and an `old` map. Inserts go to `young`; a hit in `old` moves the entry

@@ -6,7 +6,9 @@
 //! context, plus HF's message preprocessing (None-valued keys dropped, reasoning aliased
 //! under `thinking`/`reasoning_content`) and its `continue_final_message` truncation.
 //!
-//! Started as a copy of the simulator's chat module; the simulator will depend on this crate.
+//! Data flow: [`RenderInput`] (built by `input` from a request) -> [`ChatTemplate::render`] ->
+//! prompt text, wrapped as [`RenderedChat`] by the callers. This module is a leaf of the
+//! crate (it uses only `error`): `input`, `prefix` and `model` build on it.
 //! Input arrives as order-preserving `serde_json` values (tool schemas are dumped verbatim).
 
 mod pyjson;
@@ -25,6 +27,17 @@ pub struct RenderInput {
     pub continue_final_message: bool,
     /// `chat_template_kwargs`; they override the special tokens, as in HF.
     pub kwargs: Map<String, Json>,
+}
+
+/// A rendered chat prompt: what [`ChatTemplate::render`] made of a request, plus what the
+/// text leaves out. It lives here, with the renderer, because both rendering paths (the full
+/// one in `model` and the incremental one in `prefix`) produce it; they depend on this
+/// module, never the other way round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderedChat {
+    pub text: String,
+    /// Images/audio/video left out of the text: with any, the ids are not exact.
+    pub media_items: usize,
 }
 
 /// A compiled chat template with the tokenizer's special-token strings.

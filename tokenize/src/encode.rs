@@ -4,6 +4,9 @@
 //! hash and encoded with `tokenizers` (no special tokens added) only on a miss. A warm turn of
 //! a conversation therefore encodes only its new messages; the rest costs a hash and a lookup
 //! per piece. Equality with whole-prompt encoding is the invariant the tests check.
+//!
+//! Data flow: rendered text in (from `model`, or any caller holding text), ids out; built on
+//! [`crate::pieces`] and [`crate::cache`], with no knowledge of chat rendering.
 
 use crate::cache::{CacheStats, PieceCache, PieceHash};
 use crate::error::TokenizeError;

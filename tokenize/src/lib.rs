@@ -12,6 +12,10 @@
 //! cache of prompt pieces cut at added tokens ([`pieces`], [`cache`], [`encode`]): a warm turn
 //! encodes only what is new; rendering reuses the rendered history of earlier turns where the
 //! template allows it ([`prefix`]). The state service and the simulator share this crate.
+//!
+//! The modules form layers, each using only those below it: `error`; then `config`, `pieces`,
+//! `cache`, `openai`, `anthropic`, `chat`; then `input` (request -> [`chat::RenderInput`]),
+//! `encode` (text -> ids) and `prefix` (incremental rendering); [`model`] on top.
 
 pub mod anthropic;
 pub mod cache;
@@ -29,7 +33,8 @@ pub use anthropic::AnthropicRendering;
 pub use cache::CacheStats;
 pub use error::TokenizeError;
 pub use kvroute_core::request::Api;
-pub use model::{ModelTokenizer, RenderedChat, TokenizerOptions};
+pub use chat::RenderedChat;
+pub use model::{ModelTokenizer, TokenizerOptions};
 pub use openai::ContentFormat;
 
 use kvroute_core::keys::{token_block_keys, KeyRoot};
@@ -38,7 +43,7 @@ use kvroute_core::BlockKey;
 /// kvroute block keys of a prompt's token ids (full blocks only), under the root of
 /// (`model`, no LoRA, `cache_salt`).
 pub fn block_keys(model: &str, cache_salt: &str, ids: &[u32], block_size: usize) -> Vec<BlockKey> {
-    token_block_keys(&KeyRoot::new(model, "", cache_salt), ids, block_size)
+    token_block_keys(&KeyRoot::new(model, cache_salt), ids, block_size)
 }
 
 #[cfg(test)]

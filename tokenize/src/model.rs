@@ -1,6 +1,11 @@
 //! [`ModelTokenizer`]: one model's tokenizer + chat template + piece cache, shared by every
 //! request for that model (`&self` methods, `Send + Sync`).
 //!
+//! The top of the crate: it wires the lower modules together and nothing in the crate depends
+//! on it. A chat request flows `template_input` -> [`crate::input`] (parse + normalize) ->
+//! [`crate::prefix`] or [`crate::chat`] (render) -> [`crate::encode`] (pieces through
+//! [`crate::cache`]) -> token ids.
+//!
 //! Cost (see the README for figures): a cold request renders and encodes the whole prompt
 //! (tens of milliseconds for 32k tokens: run it in `spawn_blocking`); a warm turn of a
 //! conversation renders only the messages since its last user query ([`crate::prefix`]) and
@@ -9,6 +14,8 @@
 use crate::anthropic::AnthropicRendering;
 use crate::cache::CacheStats;
 use crate::chat::{ChatTemplate, RenderInput};
+/// Re-exported at its old path: callers name it `kvroute_tokenize::model::RenderedChat`.
+pub use crate::chat::RenderedChat;
 use crate::config::TokenizerConfig;
 use crate::encode::CachedEncoder;
 use crate::error::TokenizeError;
@@ -43,14 +50,6 @@ impl Default for TokenizerOptions {
             render_cache_bytes: 64 << 20,
         }
     }
-}
-
-/// A rendered chat prompt.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RenderedChat {
-    pub text: String,
-    /// Images/audio/video left out of the text: with any, the ids are not exact.
-    pub media_items: usize,
 }
 
 pub struct ModelTokenizer {

@@ -30,14 +30,17 @@
 //! `render(messages[..=k])` without generation prompt, stored when a request ends at that
 //! anchor. A warm turn then costs a raw JSON scan + hash of the body, normalizing and rendering
 //! `S` + the new messages, and a copy of the prefix text.
+//!
+//! Data flow: `model` asks this module first and falls back to the full path on `None`; this
+//! module uses the renderer ([`crate::chat`]), the request parsing ([`crate::input`],
+//! [`crate::openai`]) and the generic cache ([`crate::cache`]), and knows nothing of `model`.
 
 mod selfcheck;
 mod split;
 
 use crate::cache::{PieceCache, PieceHash};
-use crate::chat::{ChatTemplate, RenderInput};
+use crate::chat::{ChatTemplate, RenderInput, RenderedChat};
 use crate::input::{self, RenderSettings};
-use crate::model::RenderedChat;
 use crate::openai::{self, ContentFormat};
 use kvroute_core::request::Api;
 use serde_json::value::RawValue;

@@ -1,6 +1,10 @@
 //! The piece cache never changes token ids: for random conversations growing turn by turn
 //! (warm: shared cache; small cache: constant eviction; cold: split but uncached) and for
 //! random text around added tokens, ids equal whole-prompt tokenization.
+//!
+//! Equality alone would pass when every path fails the same way, so each case must also
+//! tokenize to a non-empty prompt; the corpus cases meant to be rejected are named `*_error`
+//! and must fail on every path.
 
 mod common;
 
@@ -24,17 +28,47 @@ fn tokenizers() -> &'static Tokenizers {
     })
 }
 
+/// Every path encodes `input` to the same ids as whole-prompt tokenization, and that
+/// tokenization succeeded with a non-empty prompt: a case where every path fails would compare
+/// nothing, so it is a failure here (a generator or fixture bug), never a pass.
 fn check(input: &Json, api: Api) {
     let t = tokenizers();
     let text = input.to_string();
-    let whole = t.warm.encode_chat_uncached(&text, api);
+    let whole = match t.warm.encode_chat_uncached(&text, api) {
+        Ok(ids) => ids,
+        Err(e) => panic!("uncached tokenization failed, nothing to compare ({e}) for {input}"),
+    };
+    assert!(!whole.is_empty(), "uncached tokenization gave no ids for {input}");
     for (name, tok) in [("warm", &t.warm), ("tiny", &t.tiny), ("cold", &t.cold)] {
-        let got = tok.encode_chat(&text, api);
-        match (&got, &whole) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b, "{name} differs for {input}"),
-            (Err(_), Err(_)) => {}
-            _ => panic!("{name}: {got:?} vs {whole:?}"),
+        match tok.encode_chat(&text, api) {
+            Ok(got) => assert_eq!(got, whole, "{name} differs for {input}"),
+            Err(e) => panic!("{name}: cached tokenization failed ({e}) where the uncached one gave {} ids, for {input}", whole.len()),
         }
+    }
+}
+
+/// A completions prompt encodes through the piece cache like `tokenizers` on the whole text
+/// with special tokens (the fixture, Qwen3, adds no BOS, so nothing is prepended).
+fn check_text(name: &str, text: &str) {
+    let t = tokenizers();
+    let whole = t.warm.encoder().encode_uncached(text, true).unwrap_or_else(|e| panic!("{name}: uncached encoding failed: {e}"));
+    assert!(!whole.is_empty(), "{name}: no ids for {text:?}");
+    for (path, tok) in [("warm", &t.warm), ("tiny", &t.tiny), ("cold", &t.cold)] {
+        let got = tok.encode_text(text).unwrap_or_else(|e| panic!("{name}: {path} encoding failed: {e}"));
+        assert_eq!(got, whole, "{name}: {path} differs");
+    }
+}
+
+/// A corpus case that must be rejected: every path (cached or not) returns an error. These are
+/// named `*_error` in the corpus, so a case that should succeed can never pass by failing.
+fn check_rejected(name: &str, input: &Json, api: Api) {
+    let t = tokenizers();
+    let text = input.to_string();
+    let whole = t.warm.encode_chat_uncached(&text, api);
+    assert!(whole.is_err(), "{name}: expected an error, the uncached path gave {whole:?}");
+    for (path, tok) in [("warm", &t.warm), ("tiny", &t.tiny), ("cold", &t.cold)] {
+        let got = tok.encode_chat(&text, api);
+        assert!(got.is_err(), "{name}: expected an error, the {path} path gave {got:?}");
     }
 }
 
@@ -76,6 +110,9 @@ proptest! {
         let text: String = parts.concat();
         let t = tokenizers();
         let whole = t.warm.encoder().encode_uncached(&text, false).unwrap();
+        // Only the empty text may encode to nothing; anything else comparing empty to empty
+        // would mean the tokenizer dropped the input.
+        prop_assert_eq!(whole.is_empty(), text.is_empty(), "ids of {:?}: {:?}", text, whole);
         prop_assert_eq!(&t.warm.encoder().encode(&text).unwrap(), &whole);
         prop_assert_eq!(&t.cold.encoder().encode(&text).unwrap(), &whole);
         prop_assert_eq!(&t.tiny.encoder().encode(&text).unwrap(), &whole);
@@ -84,13 +121,28 @@ proptest! {
 
 #[test]
 fn corpus_encodes_like_whole_prompts() {
+    let (mut encoded, mut rejected) = (0, 0);
     for case in common::corpus() {
-        match case["api"].as_str() {
-            Some("chat") => check(&case["input"], Api::ChatCompletions),
-            Some("messages") => check(&case["input"], Api::Messages),
-            _ => {}
+        let name = case["name"].as_str().unwrap_or("?");
+        let api = match case["api"].as_str() {
+            Some("chat") => Api::ChatCompletions,
+            Some("messages") => Api::Messages,
+            Some("text") => {
+                check_text(name, case["text"].as_str().unwrap_or_else(|| panic!("{name}: text case without text")));
+                encoded += 1;
+                continue;
+            }
+            other => panic!("{name}: unknown api {other:?}"),
+        };
+        if name.ends_with("_error") {
+            check_rejected(name, &case["input"], api);
+            rejected += 1;
+        } else {
+            check(&case["input"], api);
+            encoded += 1;
         }
     }
+    assert!(encoded > 0 && encoded > rejected, "the corpus must mostly encode: {encoded} encoded, {rejected} rejected");
 }
 
 #[test]

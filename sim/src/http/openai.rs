@@ -153,7 +153,7 @@ fn plan_answer(state: &AppState, prompt: &[u32], max_tokens: usize, ignore_eos: 
     if !ignore_eos {
         len = len.min(eos_after.max(1));
     }
-    Ok(state.tokenizer.answer(seed_for(prompt), len)?)
+    Ok(state.answers.answer(seed_for(prompt), len)?)
 }
 
 /// One generation request, parsed.
