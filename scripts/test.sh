@@ -10,6 +10,7 @@ export KVROUTE_ROOT="$root"
 export PATH="$root/.cache/venv/bin:$PATH"
 cargo build --workspace --all-targets
 ./wasm-build.sh
-# The filter must not panic inside Envoy: its crate denies unwrap/expect/panic outside tests.
-cargo clippy -p kvroute-filter --target wasm32-wasip1 --release
+# Nothing that runs inside Envoy's Wasm VM may panic: the filter and the core it links both
+# deny unwrap/expect/panic/indexing outside tests.
+cargo clippy -p kvroute-core -p kvroute-filter --target wasm32-wasip1 --release
 cargo test --workspace

@@ -17,7 +17,7 @@ fn main() {
             parse_ns.push(t.elapsed().as_nanos());
             let Prompt::Tokens(tokens) = &req.prompt else { panic!("token prompt") };
             let t = Instant::now();
-            let keys = token_block_keys(&KeyRoot::new(&req.model, "", &req.cache_salt), tokens, 16);
+            let keys = token_block_keys(&KeyRoot::new(&req.model, &req.cache_salt), tokens, 16);
             keys_ns.push(t.elapsed().as_nanos());
             std::hint::black_box(keys);
         }

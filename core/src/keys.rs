@@ -2,7 +2,7 @@
 //!
 //! A prompt is cut into blocks of `block_size` tokens (vLLM's `--block-size`); only full blocks
 //! get keys. Keys are chained: `key[i] = H(key[i-1], tokens of block i)`, and the chain starts
-//! at a root that mixes in the model, the LoRA adapter and the cache salt. A key therefore names
+//! at a root that mixes in the model (or the LoRA adapter the request names) and the cache salt. A key therefore names
 //! the whole prefix up to and including its block, so "worker W holds key[i]" implies it holds
 //! the prefix `tokens[..(i+1)*block_size]`, and longest-prefix matching is a walk down the
 //! request's keys.
@@ -36,12 +36,11 @@ pub struct KeyRoot {
 }
 
 impl KeyRoot {
-    /// `lora_name` and `cache_salt` are empty when absent.
-    pub fn new(model: &str, lora_name: &str, cache_salt: &str) -> Self {
-        KeyRoot {
-            token: root_key(TOKEN_NAMESPACE, model, lora_name, cache_salt),
-            text: root_key(TEXT_NAMESPACE, model, lora_name, cache_salt),
-        }
+    /// `name` is what vLLM roots a request's blocks at: the LoRA adapter's name when the
+    /// request names one (its `model` field, as vLLM's API takes it), else the model's.
+    /// `cache_salt` is empty when absent.
+    pub fn new(name: &str, cache_salt: &str) -> Self {
+        KeyRoot { token: root_key(TOKEN_NAMESPACE, name, cache_salt), text: root_key(TEXT_NAMESPACE, name, cache_salt) }
     }
 
     /// Parent of the first token block.
@@ -55,11 +54,12 @@ impl KeyRoot {
     }
 }
 
-fn root_key(namespace: &[u8], model: &str, lora_name: &str, cache_salt: &str) -> BlockKey {
-    // Length-prefixed fields: ("ab", "c") and ("a", "bc") must not collide.
-    let mut buf = Vec::with_capacity(namespace.len() + model.len() + lora_name.len() + cache_salt.len() + 24);
+fn root_key(namespace: &[u8], name: &str, cache_salt: &str) -> BlockKey {
+    // Length-prefixed fields: ("ab", "c") and ("a", "bc") must not collide. The empty middle
+    // field is where a separate LoRA name once went; it stays so deployed keys do not change.
+    let mut buf = Vec::with_capacity(namespace.len() + name.len() + cache_salt.len() + 24);
     buf.extend_from_slice(namespace);
-    for field in [model, lora_name, cache_salt] {
+    for field in [name, "", cache_salt] {
         buf.extend_from_slice(&(field.len() as u64).to_le_bytes());
         buf.extend_from_slice(field.as_bytes());
     }
@@ -136,7 +136,7 @@ mod tests {
 
     #[test]
     fn only_full_blocks_get_keys() {
-        let root = KeyRoot::new("m", "", "");
+        let root = KeyRoot::new("m", "");
         assert_eq!(token_block_keys(&root, &toks(15), 16).len(), 0);
         assert_eq!(token_block_keys(&root, &toks(16), 16).len(), 1);
         assert_eq!(token_block_keys(&root, &toks(47), 16).len(), 2);
@@ -144,14 +144,13 @@ mod tests {
     }
 
     #[test]
-    fn root_separates_model_lora_salt_and_namespaces() {
-        let a = KeyRoot::new("m", "", "");
+    fn root_separates_name_salt_and_namespaces() {
+        let a = KeyRoot::new("m", "");
         let roots = [
             a,
-            KeyRoot::new("m2", "", ""),
-            KeyRoot::new("m", "lora", ""),
-            KeyRoot::new("m", "", "salt"),
-            KeyRoot::new("", "m", ""),
+            KeyRoot::new("m2", ""),
+            KeyRoot::new("m", "salt"),
+            KeyRoot::new("", "m"),
         ];
         for (i, x) in roots.iter().enumerate() {
             assert_ne!(x.token_root(), x.text_root());
@@ -163,7 +162,7 @@ mod tests {
 
     #[test]
     fn chain_matches_batch_computation() {
-        let root = KeyRoot::new("m", "", "");
+        let root = KeyRoot::new("m", "");
         let t = toks(64);
         let keys = token_block_keys(&root, &t, 16);
         let mut prev = root.token_root();
@@ -180,12 +179,12 @@ mod tests {
     /// Pinned values: if these change, every deployed filter and state service disagree.
     #[test]
     fn golden_vectors() {
-        let root = KeyRoot::new("Qwen/Qwen3-8B", "", "");
+        let root = KeyRoot::new("Qwen/Qwen3-8B", "");
         assert_eq!(root.token_root(), BlockKey(GOLDEN_TOKEN_ROOT));
         assert_eq!(root.text_root(), BlockKey(GOLDEN_TEXT_ROOT));
         let keys = token_block_keys(&root, &toks(40), 16);
         assert_eq!(keys, vec![BlockKey(GOLDEN_TOKEN_KEYS[0]), BlockKey(GOLDEN_TOKEN_KEYS[1])]);
-        let salted = token_block_keys(&KeyRoot::new("Qwen/Qwen3-8B", "adapter", "s"), &toks(16), 16);
+        let salted = token_block_keys(&KeyRoot::new("sql-adapter", "s"), &toks(16), 16);
         assert_eq!(salted, vec![BlockKey(GOLDEN_SALTED_KEY)]);
         let text = "The quick brown fox jumps over the lazy dog. ".repeat(12);
         let chunks = text_chunk_keys(&root, &text, DEFAULT_TEXT_CHUNK_BYTES);
@@ -197,7 +196,7 @@ mod tests {
     const GOLDEN_TOKEN_ROOT: u64 = 17365838797282743307;
     const GOLDEN_TEXT_ROOT: u64 = 18399253172760220471;
     const GOLDEN_TOKEN_KEYS: [u64; 2] = [15866391106132277296, 13072699239280386036];
-    const GOLDEN_SALTED_KEY: u64 = 17717520628626210072;
+    const GOLDEN_SALTED_KEY: u64 = 1115736363781292262;
     const GOLDEN_TEXT_KEYS: [u64; 2] = [3082233755495870074, 17542785902828590097];
 
     proptest! {
@@ -206,7 +205,7 @@ mod tests {
         fn keys_are_prefix_stable(t in proptest::collection::vec(any::<u32>(), 0..200),
                                   extra in proptest::collection::vec(any::<u32>(), 0..100),
                                   bs in 1usize..33) {
-            let root = KeyRoot::new("m", "", "");
+            let root = KeyRoot::new("m", "");
             let a = token_block_keys(&root, &t, bs);
             let mut longer = t.clone();
             longer.extend_from_slice(&extra);
@@ -219,7 +218,7 @@ mod tests {
         #[test]
         fn a_changed_token_changes_the_rest(t in proptest::collection::vec(any::<u32>(), 32..128),
                                             pos in 0usize..32) {
-            let root = KeyRoot::new("m", "", "");
+            let root = KeyRoot::new("m", "");
             let a = token_block_keys(&root, &t, 16);
             let mut u = t.clone();
             u[pos] = u[pos].wrapping_add(1);

@@ -8,12 +8,47 @@
 //! - [`request`]: OpenAI / Anthropic request bodies -> a [`request::PromptRequest`].
 //! - [`wire`]: the pick / report protobuf messages (`proto/kvroute.proto`).
 
+// The filter runs this crate inside Envoy's Wasm VM, where a panic traps the VM and fails
+// every request on that worker thread: outside tests, no unwrap / expect / panic, and slices
+// are read with `get` / iterators rather than `[i]`. (build.rs is a separate crate.)
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
+
 pub mod keys;
 pub mod request;
+mod wire_json;
 
 /// Generated from `proto/kvroute.proto`: the filter <-> state service contract.
 pub mod wire {
     include!(concat!(env!("OUT_DIR"), "/kvroute.v1.rs"));
+
+    impl DegradedReason {
+        /// The one spelling of a reason: the filter's `x-kvroute-fallback` / `x-kvroute-decision`
+        /// values and the state service's `reason` metric label. `None` is "none".
+        pub fn label(self) -> &'static str {
+            match self {
+                DegradedReason::DegradedNone => "none",
+                DegradedReason::DegradedTokenizerUnavailable => "tokenizer_unavailable",
+                DegradedReason::DegradedUnknownModel => "unknown_model",
+                DegradedReason::DegradedNoHealthyWorker => "no_healthy_worker",
+                DegradedReason::DegradedBlockSizeMismatch => "block_size_mismatch",
+                DegradedReason::DegradedStateUnavailable => "state_unavailable",
+            }
+        }
+    }
+
+    impl TokenizationPath {
+        /// The one spelling of a path: `x-kvroute-decision`'s `tokenization=` and the state
+        /// service's `path` metric label. Unspecified reads as "none".
+        pub fn label(self) -> &'static str {
+            match self {
+                TokenizationPath::TokenizationExactTokenIds => "exact_token_ids",
+                TokenizationPath::TokenizationLocal => "local",
+                TokenizationPath::TokenizationWorker => "worker",
+                TokenizationPath::TokenizationTextChunks => "text_chunks",
+                TokenizationPath::TokenizationNone | TokenizationPath::TokenizationUnspecified => "none",
+            }
+        }
+    }
 }
 
 pub use keys::{BlockKey, KeyRoot};

@@ -5,7 +5,7 @@
 use crate::config::{Config, RoutingMode, OWN_HEADER_PREFIX};
 use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
 use kvroute_core::request::{Prompt, PromptRequest};
-use kvroute_core::wire::{PickRequest, PickResponse, TokenizationPath};
+use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 
 /// Why a request went to the route's default upstream instead of a picked worker. Every
 /// variant has a counter (`kvroute_fallback_<label>`) and is named in `x-kvroute-fallback`.
@@ -28,11 +28,12 @@ pub enum FallbackReason {
     PickStatus,
     /// The state service answered 2xx with a body that is not a PickResponse.
     PickDecode,
-    /// The state service does not serve this model.
+    /// The state service does not serve this model (`DEGRADED_UNKNOWN_MODEL`).
     UnknownModel,
-    /// The state service had no healthy worker for the request.
+    /// The state service had no healthy worker for the request (`DEGRADED_NO_HEALTHY_WORKER`).
     NoHealthyWorker,
-    /// The state service degraded the decision to "use the default route" for another reason.
+    /// The state service chose no worker for another reason, or one this filter does not
+    /// know (a newer state service).
     Degraded,
     /// A worker was picked but it has no address for this routing mode.
     NoTarget,
@@ -54,7 +55,8 @@ impl FallbackReason {
         FallbackReason::NoTarget,
     ];
 
-    /// Stable label used in the header and the metric name.
+    /// Stable label used in the header and the metric name. The two reasons the state service
+    /// names are spelled by core, as its own metrics spell them.
     pub fn label(self) -> &'static str {
         match self {
             FallbackReason::NoBody => "no_body",
@@ -65,10 +67,21 @@ impl FallbackReason {
             FallbackReason::PickTimeout => "pick_timeout",
             FallbackReason::PickStatus => "pick_status",
             FallbackReason::PickDecode => "pick_decode",
-            FallbackReason::UnknownModel => "unknown_model",
-            FallbackReason::NoHealthyWorker => "no_healthy_worker",
+            FallbackReason::UnknownModel => DegradedReason::DegradedUnknownModel.label(),
+            FallbackReason::NoHealthyWorker => DegradedReason::DegradedNoHealthyWorker.label(),
             FallbackReason::Degraded => "degraded",
             FallbackReason::NoTarget => "no_target",
+        }
+    }
+
+    /// The fallback for a pick that chose no worker, from the state service's `degraded_reason`.
+    pub fn from_degraded(degraded: i32) -> FallbackReason {
+        match DegradedReason::try_from(degraded) {
+            Ok(DegradedReason::DegradedUnknownModel) => FallbackReason::UnknownModel,
+            Ok(DegradedReason::DegradedNoHealthyWorker) => FallbackReason::NoHealthyWorker,
+            // Including "none" and values added after this filter was built: no worker is no
+            // worker, whatever the reason; the generic label still counts it.
+            Ok(_) | Err(_) => FallbackReason::Degraded,
         }
     }
 
@@ -103,7 +116,7 @@ pub struct RequestMeta {
 /// The pick request for a parsed LLM request.
 pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> PickRequest {
     let block_size = config.block_size_for(&req.model);
-    let root = KeyRoot::new(&req.model, "", &req.cache_salt);
+    let root = KeyRoot::new(&req.model, &req.cache_salt);
     let mut pick = PickRequest {
         request_id: meta.request_id.clone(),
         model: req.model.clone(),
@@ -145,11 +158,7 @@ pub struct Route {
 /// Interprets a decoded PickResponse under the configured routing mode.
 pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, FallbackReason> {
     if resp.worker_id.is_empty() {
-        return Err(match resp.degraded_reason.as_str() {
-            "unknown_model" => FallbackReason::UnknownModel,
-            "no_healthy_worker" | "no_worker" | "no_workers" => FallbackReason::NoHealthyWorker,
-            _ => FallbackReason::Degraded,
-        });
+        return Err(FallbackReason::from_degraded(resp.degraded_reason));
     }
     let target = match config.routing_mode {
         RoutingMode::Endpoint => &resp.endpoint,
@@ -176,21 +185,22 @@ pub fn decision_value(resp: &PickResponse) -> String {
         resp.predicted_ttft_ms,
         sanitize(&resp.policy),
         tokenization_label(resp.tokenization),
-        if resp.degraded_reason.is_empty() { "none".to_string() } else { sanitize(&resp.degraded_reason) },
+        degraded_label(resp.degraded_reason),
     )
 }
 
-/// How the state service turned the prompt into keys, as the header names it (the same labels
-/// as the state service's `kvroute_tokenization_total{path}`). An unknown or unset value (an
-/// older state service) reads as `none`: the header must never claim more than was done.
-pub fn tokenization_label(path: i32) -> &'static str {
-    match TokenizationPath::try_from(path) {
-        Ok(TokenizationPath::TokenizationExactTokenIds) => "exact_token_ids",
-        Ok(TokenizationPath::TokenizationLocal) => "local",
-        Ok(TokenizationPath::TokenizationWorker) => "worker",
-        Ok(TokenizationPath::TokenizationTextChunks) => "text_chunks",
-        Ok(TokenizationPath::TokenizationNone | TokenizationPath::TokenizationUnspecified) | Err(_) => "none",
-    }
+/// How the state service turned the prompt into keys, as core spells it (the state service's
+/// `path` label too). A value from a newer state service reads as `none`: the header must
+/// never claim more than was done.
+fn tokenization_label(path: i32) -> &'static str {
+    TokenizationPath::try_from(path).unwrap_or(TokenizationPath::TokenizationNone).label()
+}
+
+/// Why the decision was degraded, as core spells it (`none` when it was not). A value from a
+/// newer state service is still a degraded decision: it reads as the generic `degraded`, never
+/// as `none`.
+pub fn degraded_label(degraded: i32) -> &'static str {
+    DegradedReason::try_from(degraded).map_or(FallbackReason::Degraded.label(), DegradedReason::label)
 }
 
 /// The fallback for a pick that did not answer 2xx. Envoy's async client turns connection
@@ -244,7 +254,7 @@ mod tests {
         let c = config(r#","model_block_sizes":{"m":4}"#);
         let req = parse(Api::Completions, br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9],"max_tokens":3}"#).unwrap();
         let pick = build_pick(&c, &req, &RequestMeta::default());
-        let want = token_block_keys(&KeyRoot::new("m", "", ""), &[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
+        let want = token_block_keys(&KeyRoot::new("m", ""), &[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
         assert_eq!(pick.token_keys, want.iter().map(|k| k.0).collect::<Vec<_>>());
         assert_eq!((pick.block_size, pick.prompt_tokens, pick.max_tokens), (4, 9, 3));
         assert!(pick.prompt_text.is_empty() && pick.text_chunk_keys.is_empty());
@@ -278,10 +288,12 @@ mod tests {
         let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &resp).unwrap();
         assert_eq!((r.header.as_str(), r.value.as_str()), ("x-kvroute-cluster", "worker_w1"));
 
-        let empty = PickResponse { degraded_reason: "unknown_model".into(), ..PickResponse::default() };
-        assert_eq!(route_from_pick(&config(""), &empty), Err(FallbackReason::UnknownModel));
-        let other = PickResponse { degraded_reason: "state_unavailable".into(), ..PickResponse::default() };
-        assert_eq!(route_from_pick(&config(""), &other), Err(FallbackReason::Degraded));
+        let no_worker = |degraded: i32| route_from_pick(&config(""), &PickResponse { degraded_reason: degraded, ..PickResponse::default() });
+        assert_eq!(no_worker(DegradedReason::DegradedUnknownModel as i32), Err(FallbackReason::UnknownModel));
+        assert_eq!(no_worker(DegradedReason::DegradedNoHealthyWorker as i32), Err(FallbackReason::NoHealthyWorker));
+        assert_eq!(no_worker(DegradedReason::DegradedStateUnavailable as i32), Err(FallbackReason::Degraded));
+        assert_eq!(no_worker(DegradedReason::DegradedNone as i32), Err(FallbackReason::Degraded));
+        assert_eq!(no_worker(99), Err(FallbackReason::Degraded), "a reason from a newer state service");
         let no_addr = PickResponse { worker_id: "w".into(), ..PickResponse::default() };
         assert_eq!(route_from_pick(&config(""), &no_addr), Err(FallbackReason::NoTarget));
     }
@@ -301,7 +313,7 @@ mod tests {
                 worker_id: "w".into(),
                 policy: "kvroute".into(),
                 tokenization: path as i32,
-                degraded_reason: "tokenizer_unavailable".into(),
+                degraded_reason: DegradedReason::DegradedTokenizerUnavailable as i32,
                 ..PickResponse::default()
             };
             assert_eq!(
@@ -313,6 +325,24 @@ mod tests {
     }
 
     #[test]
+    fn decision_names_the_degraded_reason() {
+        let cases = [
+            (DegradedReason::DegradedNone as i32, "none"),
+            (DegradedReason::DegradedTokenizerUnavailable as i32, "tokenizer_unavailable"),
+            (DegradedReason::DegradedUnknownModel as i32, "unknown_model"),
+            (DegradedReason::DegradedNoHealthyWorker as i32, "no_healthy_worker"),
+            (DegradedReason::DegradedBlockSizeMismatch as i32, "block_size_mismatch"),
+            (DegradedReason::DegradedStateUnavailable as i32, "state_unavailable"),
+            (99, "degraded"),
+            (-1, "degraded"),
+        ];
+        for (degraded, label) in cases {
+            let resp = PickResponse { worker_id: "w".into(), degraded_reason: degraded, ..PickResponse::default() };
+            assert!(decision_value(&resp).ends_with(&format!(";degraded={label}")), "{degraded}");
+        }
+    }
+
+    #[test]
     fn status_and_labels() {
         assert!(is_success(Some("200")) && is_success(Some("204")));
         assert!(!is_success(Some("503")) && !is_success(None) && !is_success(Some("x")));
@@ -320,9 +350,27 @@ mod tests {
         assert_eq!(classify_pick_status(Some("503")), FallbackReason::PickUnavailable);
         assert_eq!(classify_pick_status(Some("504")), FallbackReason::PickTimeout);
         assert_eq!(classify_pick_status(Some("400")), FallbackReason::PickStatus);
+        // Host-visible (x-kvroute-fallback, kvroute_fallback_<label> counters): pinned.
+        let labels: Vec<&str> = FallbackReason::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "no_body",
+                "body_too_large",
+                "unparsable_body",
+                "state_unavailable",
+                "pick_unavailable",
+                "pick_timeout",
+                "pick_status",
+                "pick_decode",
+                "unknown_model",
+                "no_healthy_worker",
+                "degraded",
+                "no_target",
+            ]
+        );
         for (i, r) in FallbackReason::ALL.iter().enumerate() {
             assert_eq!(r.index(), i);
-            assert!(r.label().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
         }
     }
 }

@@ -6,10 +6,12 @@
 //! Invariant: every path out of a paused state resumes the request exactly once, and any
 //! failure resumes it toward the route's default upstream with a counted reason.
 
-use crate::decision::{build_pick, classify_pick_status, headers_to_strip, is_success, route_from_pick, FallbackReason, RequestMeta};
+use crate::decision::{
+    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, FallbackReason, RequestMeta,
+};
 use crate::host;
 use crate::report::ResponseTracker;
-use crate::root::Shared;
+use crate::shared::Shared;
 use kvroute_core::request::{parse, Api};
 use kvroute_core::wire::{PickResponse, Report};
 use prost::Message;
@@ -103,18 +105,14 @@ impl HttpFilter {
     /// Applies a pick response; returns the fallback reason when it cannot be used.
     fn apply_pick(&mut self, body_size: usize) -> Result<(), (FallbackReason, String)> {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status");
+        // A non-2xx answer is never read for a reason: the state service says "unknown model"
+        // (and every other why) in a 200's `degraded_reason`, so the status alone classifies.
         if !is_success(status.as_deref()) {
-            let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(256)).unwrap_or_default();
-            let reason = if body.windows(13).any(|w| w == b"unknown_model") {
-                FallbackReason::UnknownModel
-            } else {
-                classify_pick_status(status.as_deref())
-            };
-            return Err((reason, format!(": status {}", status.as_deref().unwrap_or("none"))));
+            return Err((classify_pick_status(status.as_deref()), format!(": status {}", status.as_deref().unwrap_or("none"))));
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
-        let route = route_from_pick(&self.shared.config, &resp).map_err(|r| (r, format!(": {}", resp.degraded_reason)))?;
+        let route = route_from_pick(&self.shared.config, &resp).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
         host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
         host::clear_route_cache();
         host::increment(self.shared.metrics.routed);

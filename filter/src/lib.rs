@@ -7,14 +7,16 @@
 //!   response -> route or fallback reason.
 //! - [`usage`], [`report`]: response tail, `usage` parsing, first-token / complete / cancel
 //!   tracking, and the bounded report batch queue.
-//! - `host`, `metrics`, `root`, `http`: the thin proxy-wasm glue (host calls that never panic,
-//!   metric handles, the root context, the per-request HTTP context).
+//! - `host`, `metrics`, `shared`, `root`, `http`: the thin proxy-wasm glue (host calls that
+//!   never panic, metric handles, the state a VM's contexts share, the root context, the
+//!   per-request HTTP context). `root` creates `http` contexts, so `http` must not name `root`.
 //!
 //! The filter fails open: whatever goes wrong, the request continues to the route's default
 //! upstream with a counted, labelled reason. It never panics in a callback.
 
-// A panic traps the Wasm VM inside Envoy: outside tests every Result and Option is handled.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// A panic traps the Wasm VM inside Envoy: outside tests every Result and Option is handled,
+// and slices are read with `get` / iterators, never `[i]` (an out-of-range index panics too).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
 
 pub mod config;
 pub mod decision;
@@ -25,6 +27,7 @@ mod host;
 mod http;
 mod metrics;
 mod root;
+mod shared;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -30,10 +30,8 @@ pub struct Metrics {
 impl Metrics {
     pub fn define() -> Metrics {
         let counter = |name: &str| host::define_metric(MetricType::Counter, name);
-        let mut fallbacks = [None; FallbackReason::ALL.len()];
-        for reason in FallbackReason::ALL {
-            fallbacks[reason.index()] = counter(&format!("kvroute_fallback_{}", reason.label()));
-        }
+        // In `ALL` order, which is what `FallbackReason::index` counts in.
+        let fallbacks = FallbackReason::ALL.map(|reason| counter(&format!("kvroute_fallback_{}", reason.label())));
         Metrics {
             llm_requests: counter("kvroute_llm_requests"),
             picks: counter("kvroute_picks"),

@@ -8,18 +8,12 @@ use crate::host;
 use crate::http::{HttpFilter, PassThrough};
 use crate::metrics::Metrics;
 use crate::report::ReportQueue;
+use crate::shared::Shared;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel, MapType};
 use std::cell::RefCell;
 use std::rc::Rc;
-
-/// What every HTTP context of this VM shares with the root context.
-pub struct Shared {
-    pub config: Config,
-    pub metrics: Metrics,
-    pub reports: RefCell<ReportQueue>,
-}
 
 #[derive(Default)]
 pub struct Root {

@@ -12,7 +12,9 @@ use std::collections::VecDeque;
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
-    pub cached_tokens: u32,
+    /// `None` when the usage did not say (vLLM without `--enable-prompt-tokens-details`):
+    /// the state service then cannot tell "nothing cached" from "not reported".
+    pub cached_tokens: Option<u32>,
 }
 
 /// The last `cap` bytes of a body seen chunk by chunk.
@@ -31,7 +33,7 @@ impl Tail {
         if self.cap == 0 {
             return;
         }
-        let chunk = &chunk[chunk.len().saturating_sub(self.cap)..];
+        let chunk = chunk.iter().skip(chunk.len().saturating_sub(self.cap));
         let overflow = (self.bytes.len() + chunk.len()).saturating_sub(self.cap);
         self.bytes.drain(..overflow.min(self.bytes.len()));
         self.bytes.extend(chunk);
@@ -47,23 +49,22 @@ impl Tail {
 /// Anthropic (`input_tokens`, `output_tokens`, `cache_read_input_tokens`) field names.
 pub fn parse_usage(tail: &[u8]) -> Option<Usage> {
     const KEY: &[u8] = b"\"usage\"";
-    let mut end = tail.len();
-    while let Some(pos) = rfind(&tail[..end], KEY) {
-        end = pos;
-        let rest = skip_ws(&tail[pos + KEY.len()..]);
-        let Some(rest) = rest.strip_prefix(b":") else { continue };
-        let mut values = serde_json::Deserializer::from_slice(skip_ws(rest)).into_iter::<Value>();
+    let mut hay = tail;
+    while let Some((before, after)) = rsplit_once(hay, KEY) {
+        hay = before;
+        let Some(rest) = after.trim_ascii_start().strip_prefix(b":") else { continue };
+        let mut values = serde_json::Deserializer::from_slice(rest.trim_ascii_start()).into_iter::<Value>();
         if let Some(Ok(Value::Object(u))) = values.next() {
             let get = |names: &[&str]| names.iter().find_map(|n| u.get(*n).and_then(Value::as_u64)).unwrap_or(0);
             let cached = u
                 .get("prompt_tokens_details")
                 .and_then(|d| d.get("cached_tokens"))
                 .and_then(Value::as_u64)
-                .unwrap_or_else(|| get(&["cache_read_input_tokens"]));
+                .or_else(|| u.get("cache_read_input_tokens").and_then(Value::as_u64));
             return Some(Usage {
                 prompt_tokens: clamp(get(&["prompt_tokens", "input_tokens"])),
                 completion_tokens: clamp(get(&["completion_tokens", "output_tokens"])),
-                cached_tokens: clamp(cached),
+                cached_tokens: cached.map(clamp),
             });
         }
     }
@@ -74,16 +75,15 @@ fn clamp(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-fn skip_ws(b: &[u8]) -> &[u8] {
-    let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
-    &b[n..]
-}
-
-fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.len() > hay.len() {
+/// `hay` split around the last occurrence of `needle`: (bytes before it, bytes after it).
+fn rsplit_once<'a>(hay: &'a [u8], needle: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
+    // `windows(0)` panics; an empty needle has no useful last occurrence anyway.
+    if needle.is_empty() {
         return None;
     }
-    (0..=hay.len() - needle.len()).rev().find(|&i| &hay[i..i + needle.len()] == needle)
+    let pos = hay.windows(needle.len()).rposition(|w| w == needle)?;
+    let (before, at) = hay.split_at_checked(pos)?;
+    Some((before, at.strip_prefix(needle)?))
 }
 
 #[cfg(test)]
@@ -107,23 +107,25 @@ mod tests {
     fn openai_json_body() {
         let body = br#"{"id":"c","choices":[{"text":"hi"}],"usage":{"prompt_tokens":40,"completion_tokens":5,
             "prompt_tokens_details":{"cached_tokens":32}}}"#;
-        assert_eq!(parse_usage(body), Some(Usage { prompt_tokens: 40, completion_tokens: 5, cached_tokens: 32 }));
+        assert_eq!(parse_usage(body), Some(Usage { prompt_tokens: 40, completion_tokens: 5, cached_tokens: Some(32) }));
     }
 
     #[test]
     fn sse_stream_takes_the_last_complete_usage() {
         let body = b"data: {\"choices\":[{\"text\":\"a\"}],\"usage\":null}\n\n\
             data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
-        assert_eq!(parse_usage(body), Some(Usage { prompt_tokens: 7, completion_tokens: 2, cached_tokens: 0 }));
+        assert_eq!(parse_usage(body), Some(Usage { prompt_tokens: 7, completion_tokens: 2, cached_tokens: None }));
         // A truncated last usage falls back to an earlier complete one.
         let cut = b"data: {\"usage\":{\"prompt_tokens\":3}}\n\ndata: {\"usage\":{\"prompt_tok";
         assert_eq!(parse_usage(cut).map(|u| u.prompt_tokens), Some(3));
         assert_eq!(parse_usage(b"data: [DONE]"), None);
+        assert_eq!(parse_usage(b"\"usage\""), None);
+        assert_eq!(parse_usage(b"sage\":{}"), None);
     }
 
     #[test]
     fn anthropic_message_delta() {
         let body = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9,\"input_tokens\":12,\"cache_read_input_tokens\":8}}\n\n";
-        assert_eq!(parse_usage(body), Some(Usage { prompt_tokens: 12, completion_tokens: 9, cached_tokens: 8 }));
+        assert_eq!(parse_usage(body), Some(Usage { prompt_tokens: 12, completion_tokens: 9, cached_tokens: Some(8) }));
     }
 }

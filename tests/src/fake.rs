@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use kvroute_core::wire::{PickRequest, PickResponse, Report, ReportBatch};
+use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, Report, ReportBatch};
 use parking_lot::Mutex;
 use prost::Message;
 use std::sync::Arc;
@@ -37,8 +37,11 @@ pub enum PickBehavior {
     Route { worker: String, endpoint: String, cluster: String },
     /// Answer with this HTTP status and an empty body.
     Status(u16),
-    /// A degraded decision without a worker.
-    Degraded(String),
+    /// A 200 degraded decision without a worker, for this reason.
+    Degraded(DegradedReason),
+    /// A 200 without a worker whose `degraded_reason` is this raw value (one a newer state
+    /// service might send).
+    DegradedRaw(i32),
     /// 200 with bytes that are not a PickResponse.
     Garbage,
     /// Answer like `Route` to worker `worker`, but only after this many milliseconds.
@@ -129,7 +132,8 @@ async fn pick(State(s): State<Arc<StateShared>>, body: Bytes) -> Response {
             PickResponse { assignment_id: *id, worker_id: worker, endpoint, cluster, policy: "fake".into(), ..PickResponse::default() }
         }
         PickBehavior::Status(code) => return StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR).into_response(),
-        PickBehavior::Degraded(reason) => PickResponse { degraded_reason: reason, ..PickResponse::default() },
+        PickBehavior::Degraded(reason) => PickResponse { degraded_reason: reason as i32, ..PickResponse::default() },
+        PickBehavior::DegradedRaw(value) => PickResponse { degraded_reason: value, ..PickResponse::default() },
         PickBehavior::Garbage => return (StatusCode::OK, vec![0xff_u8, 0xff, 0xff]).into_response(),
         PickBehavior::Slow { .. } => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     };

@@ -4,11 +4,12 @@
 //! independently of the real state service's policy.
 
 use anyhow::Result;
-use kvroute_core::wire::{Endpoint, ReportKind};
+use kvroute_core::wire::{DegradedReason, Endpoint, ReportKind};
 use kvroute_e2e::envoy::{worker_cluster, Envoy, EnvoyOptions, Mode};
 use kvroute_e2e::fake::{json_body, stream_chunks, FakeState, FakeWorker, PickBehavior};
 use kvroute_e2e::net::wait_for;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::time::Duration;
 
 struct Rig {
@@ -164,17 +165,23 @@ async fn failures_fall_back_and_are_counted() -> Result<()> {
         assert!(arrived, "{reason}: body must reach a worker unchanged");
         assert_eq!(rig.envoy.counter(&format!("kvroute_fallback_{reason}")).await?, 1);
     }
+    let mut counted: HashMap<&str, u64> = HashMap::new();
     for (behavior, reason) in [
         (PickBehavior::Status(500), "pick_status"),
         (PickBehavior::Status(503), "pick_unavailable"),
         (PickBehavior::Garbage, "pick_decode"),
-        (PickBehavior::Degraded("unknown_model".into()), "unknown_model"),
-        (PickBehavior::Degraded("no_healthy_worker".into()), "no_healthy_worker"),
+        (PickBehavior::Degraded(DegradedReason::DegradedUnknownModel), "unknown_model"),
+        (PickBehavior::Degraded(DegradedReason::DegradedNoHealthyWorker), "no_healthy_worker"),
+        // Any other reason, or one this filter does not know yet, is the generic fallback.
+        (PickBehavior::Degraded(DegradedReason::DegradedStateUnavailable), "degraded"),
+        (PickBehavior::DegradedRaw(99), "degraded"),
     ] {
         rig.state.set_behavior(behavior);
         let r = post(serde_json::to_vec(&completion(false))?).await?;
         assert_eq!((r.status().as_u16(), header(&r, "x-kvroute-fallback")), (200, reason.to_string()));
-        assert_eq!(rig.envoy.counter(&format!("kvroute_fallback_{reason}")).await?, 1);
+        let want = counted.entry(reason).or_insert(0);
+        *want += 1;
+        assert_eq!(rig.envoy.counter(&format!("kvroute_fallback_{reason}")).await?, *want, "{reason}");
     }
     // Slower than pick_timeout_ms: Envoy's 504, counted as a timeout.
     rig.state.set_behavior(PickBehavior::Slow { millis: 2500, then: Box::new(route_to(&rig.workers, 0)) });

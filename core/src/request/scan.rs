@@ -25,17 +25,12 @@ pub(super) fn top_level_fields(body: &[u8]) -> Option<Vec<(&str, &[u8])>> {
     }
     loop {
         expect(body, i, b'"')?;
-        // Keys with escapes or raw control characters go the serde_json way.
-        let end = i + 1 + body.get(i + 1..)?.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-        if body[end] != b'"' {
-            return None;
-        }
-        let key = std::str::from_utf8(&body[i + 1..end]).ok()?;
-        i = skip_ws(body, end + 1);
+        let (key, end) = simple_key(body, i)?;
+        i = skip_ws(body, end);
         expect(body, i, b':')?;
         i = skip_ws(body, i + 1);
         let value_end = skip_value(body, i)?;
-        fields.push((key, &body[i..value_end]));
+        fields.push((key, body.get(i..value_end)?));
         i = skip_ws(body, value_end);
         match body.get(i)? {
             b',' => i = skip_ws(body, i + 1),
@@ -62,7 +57,7 @@ pub(super) fn token_array(span: &[u8]) -> Option<Vec<u32>> {
             i += 1;
         }
         // JSON forbids leading zeros; an empty run is not a number.
-        if i == start || (span[start] == b'0' && i - start > 1) {
+        if i == start || (span.get(start) == Some(&b'0') && i - start > 1) {
             return None;
         }
         ids.push(n as u32);
@@ -73,6 +68,18 @@ pub(super) fn token_array(span: &[u8]) -> Option<Vec<u32>> {
             _ => return None,
         }
     }
+}
+
+/// The key whose opening quote is at `i`, and the index just past its closing quote. Keys
+/// with escapes or raw control characters go the serde_json way (`None`).
+fn simple_key(b: &[u8], i: usize) -> Option<(&str, usize)> {
+    let rest = b.get(i + 1..)?;
+    let len = rest.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+    let (key, after) = rest.split_at_checked(len)?;
+    if after.first() != Some(&b'"') {
+        return None;
+    }
+    Some((std::str::from_utf8(key).ok()?, i + len + 2))
 }
 
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
@@ -125,8 +132,11 @@ fn skip_value(b: &[u8], i: usize) -> Option<usize> {
             }
         }
         _ => {
-            let len = b[i..].iter().position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'));
-            let end = i + len.unwrap_or(b.len() - i);
+            // A scalar runs to the next delimiter or the end of the body; an empty one (a
+            // delimiter where a value belongs) is not a value.
+            let rest = b.get(i..)?;
+            let len = rest.iter().position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'));
+            let end = i + len.unwrap_or(rest.len());
             (end > i).then_some(end)
         }
     }
