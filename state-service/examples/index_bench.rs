@@ -165,7 +165,7 @@ fn main() {
     println!("memory: {:.1} MiB for {pairs} (block, engine) pairs = {:.1} B/pair  ({} distinct keys)",
         bytes as f64 / (1 << 20) as f64, bytes as f64 / pairs as f64, index.distinct_keys());
 
-    let root = KeyRoot::new(MODEL, "", "");
+    let root = KeyRoot::new(MODEL, "");
     let shared_keys = token_block_keys(&root, &shared, BS);
     let tail_engine_keys = {
         // A 32-block request continuing the shared prefix's first 8 blocks: nobody holds it past 8.

@@ -23,7 +23,7 @@ fn main() -> anyhow::Result<()> {
             config.workers.push(WorkerConfig { endpoint: format!("127.0.0.1:{}", 8000 + i), ..WorkerConfig::new(&format!("w{i}"), "m") });
         }
         let state = AppState::new(config, Arc::new(MemoryIndex::new()))?;
-        for w in state.registry.read().all() {
+        for w in state.fleet.workers() {
             w.load.lock().record_ok(VllmLoad::default(), tokio::time::Instant::now());
         }
         let mut lat = Vec::with_capacity(picks);
@@ -33,7 +33,7 @@ fn main() -> anyhow::Result<()> {
             let t = Instant::now();
             let resp = kvroute_state::pick::pick(&state, &req);
             lat.push(t.elapsed());
-            anyhow::ensure!(!resp.worker_id.is_empty(), "not routed: {}", resp.degraded_reason);
+            anyhow::ensure!(!resp.worker_id.is_empty(), "not routed: {}", resp.degraded_reason().label());
             let done = kvroute_core::wire::Report { assignment_id: resp.assignment_id, kind: kvroute_core::wire::ReportKind::ReportComplete as i32, ..Default::default() };
             kvroute_state::report::apply(&state, &done);
         }

@@ -7,9 +7,11 @@
 
 mod cli;
 mod file;
+pub mod store;
 mod validate;
 
 pub use cli::Cli;
+pub use store::{RedisConfig, StoreKind};
 pub use file::{Config, ModelConfig, Priors, Timeouts, Tokenization, WorkerConfig};
 pub use validate::ConfigError;
 

@@ -9,7 +9,7 @@ pub mod parse;
 pub mod scrape;
 
 pub use parse::{parse_vllm, VllmLoad};
-pub use scrape::{scrape_once, spawn_scraper, ScrapeError, Scraper};
+pub use scrape::{scrape_once, spawn_scraper, ScrapeError, ScrapeTarget, Scraper};
 
 use tokio::time::Instant;
 

@@ -1,17 +1,19 @@
 //! Prometheus metrics, registered once and handed out as handles.
 //!
 //! Families that count what the request path does (picks, reports, TTFT) are updated where it
-//! happens. Families that describe the fleet's current state (load, health, index size, event
-//! feeds) are read at scrape time by [`fleet::FleetCollector`], so a removed worker's series
-//! disappear with it and nothing has to be kept in sync.
+//! happens, through the handles here. Families that describe a component's current state (the
+//! fleet's load, health, index size and event feeds; the store; the tokenizers) are read at
+//! scrape time by collectors those components provide ([`Metrics::register_collector`]), so a
+//! removed worker's series disappear with it and nothing has to be kept in sync. This module
+//! depends on no other component: they receive handles, it never reaches into them.
 
-pub mod fleet;
 mod labels;
 
 pub use labels::{
-    DegradedReason, ExpiryKind, PickLabels, PickOutcome, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel, TokenizationLabels,
-    TokenizationPathLabel, TokenizeFailure, TokenizeFailureLabels,
+    ExpiryKind, Path, PickLabels, PickOutcome, Reason, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel, TokenizationLabels,
+    TokenizeFailure, TokenizeFailureLabels,
 };
+use kvroute_core::wire::{DegradedReason, TokenizationPath};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -40,6 +42,8 @@ pub struct Metrics {
     pub ttft_error_ratio: Histogram,
     /// matched blocks / prompt blocks of the chosen worker.
     pub matched_prefix_ratio: Histogram,
+    /// (cached tokens the worker reported - cached tokens the pick predicted) / prompt tokens.
+    pub cache_prediction_error: Histogram,
     /// Assignments in flight.
     pub assignments_in_flight: Gauge,
     /// Picks by how their prompt became keys (the response's `tokenization`).
@@ -70,6 +74,7 @@ impl Metrics {
             ttft_actual: ttft(),
             ttft_error_ratio: Histogram::new([0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0]),
             matched_prefix_ratio: Histogram::new([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]),
+            cache_prediction_error: Histogram::new([-0.75, -0.5, -0.25, -0.1, -0.02, 0.02, 0.1, 0.25, 0.5, 0.75, 1.0]),
             assignments_in_flight: Gauge::default(),
             tokenization: Family::default(),
             tokenization_failures: Family::default(),
@@ -85,6 +90,11 @@ impl Metrics {
         registry.register("ttft_actual_seconds", "Actual TTFT from first-token reports", m.ttft_actual.clone());
         registry.register("ttft_error_ratio", "Actual over predicted TTFT", m.ttft_error_ratio.clone());
         registry.register("matched_prefix_ratio", "Matched over total prompt blocks of the chosen worker", m.matched_prefix_ratio.clone());
+        registry.register(
+            "cache_prediction_error",
+            "Reported minus predicted cached prompt tokens, over prompt tokens (0: the index was right)",
+            m.cache_prediction_error.clone(),
+        );
         registry.register("assignments_in_flight", "Assignments not yet completed, cancelled or expired", m.assignments_in_flight.clone());
         registry.register("tokenization", "Picks by how the prompt became keys", m.tokenization.clone());
         registry.register("tokenization_failures", "Tokenization attempts without ids, by path and reason", m.tokenization_failures.clone());
@@ -92,12 +102,7 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Adds the scrape-time collector of fleet state. Called once, when the state is built.
-    pub fn register_fleet(&mut self, collector: fleet::FleetCollector) {
-        self.registry.register_collector(Box::new(collector));
-    }
-
-    /// Adds another scrape-time collector (the store's). Called once, when the state is built.
+    /// Adds a component's scrape-time collector. Called once per component, when the state is built.
     pub fn register_collector(&mut self, collector: Box<dyn prometheus_client::collector::Collector>) {
         self.registry.register_collector(collector);
     }
@@ -116,11 +121,19 @@ impl Metrics {
         }
     }
 
-    pub fn count_tokenize_failure(&self, path: TokenizationPathLabel, reason: TokenizeFailure) {
-        self.tokenization_failures.get_or_create(&TokenizeFailureLabels { path, reason }).inc();
+    pub fn count_tokenize_failure(&self, path: TokenizationPath, reason: TokenizeFailure) {
+        self.tokenization_failures.get_or_create(&TokenizeFailureLabels { path: Path(path), reason }).inc();
     }
 
     pub fn count_degraded(&self, reason: DegradedReason) {
-        self.degraded.get_or_create(&ReasonLabels { reason }).inc();
+        self.degraded.get_or_create(&ReasonLabels { reason: Reason(reason) }).inc();
+    }
+
+    pub fn count_tokenization(&self, path: TokenizationPath) {
+        self.tokenization.get_or_create(&TokenizationLabels { path: Path(path) }).inc();
+    }
+
+    pub fn observe_tokenize(&self, path: TokenizationPath, seconds: f64) {
+        self.tokenize_latency.get_or_create(&TokenizationLabels { path: Path(path) }).observe(seconds);
     }
 }

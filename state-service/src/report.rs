@@ -1,59 +1,133 @@
-//! Reports from the proxy: first token, complete, cancel. A first-token report closes the
-//! loop of the TTFT model: it feeds the worker's calibration and the predicted-vs-actual
-//! metrics. Reports about unknown assignments (expired, or from before a restart) are
-//! counted and otherwise ignored: the proxy never needs an error back.
+//! Reports from the proxy: first token, complete, cancel, each applied as a [`FleetEvent`].
+//! A first-token report closes the loop of the TTFT model (the fleet refits the worker's
+//! calibration; here the predicted-vs-actual metrics are observed); a completion's `usage`
+//! tells how many prompt tokens the engine really served from cache, compared with what the
+//! pick predicted (`kvroute_cache_prediction_error`). Reports about unknown assignments
+//! (expired, or from before a restart) are counted and otherwise ignored: the proxy never
+//! needs an error back.
 
-use crate::assign::{AssignmentId, ReportOutcome};
-use crate::metrics::{ReportKindLabel, ReportLabels, ReportOutcomeLabel};
+use crate::assign::{Assignment, AssignmentId};
+use crate::fleet::{Applied, FleetEvent, Usage};
+use crate::metrics::{Metrics, ReportKindLabel, ReportLabels, ReportOutcomeLabel};
 use crate::state::AppState;
-use crate::store::ReportEvent;
 use kvroute_core::wire::{Report, ReportKind};
-use tokio::time::Instant;
 
 /// Applies one report and counts it.
 pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
-    let kind = match ReportKind::try_from(report.kind) {
-        Ok(ReportKind::ReportFirstToken) => ReportKindLabel::FirstToken,
-        Ok(ReportKind::ReportComplete) => ReportKindLabel::Complete,
-        Ok(ReportKind::ReportCancel) => ReportKindLabel::Cancel,
-        _ => ReportKindLabel::Unspecified,
+    let (kind, event) = match event(report) {
+        Some((kind, event)) => (kind, Some(event)),
+        None => (kind_label(report.kind), None),
     };
-    let outcome = if report.assignment_id == 0 || kind == ReportKindLabel::Unspecified {
-        ReportOutcomeLabel::Invalid
-    } else {
-        apply_kind(state, kind, AssignmentId(report.assignment_id), report.elapsed_ms)
+    let outcome = match event {
+        None => ReportOutcomeLabel::Invalid,
+        Some(event) => {
+            let applied = state.apply(event);
+            observe(&state.metrics, report, &applied);
+            match applied {
+                Applied::FirstToken { .. } | Applied::Freed(_) => ReportOutcomeLabel::Applied,
+                Applied::Duplicate => ReportOutcomeLabel::Duplicate,
+                _ => ReportOutcomeLabel::Unknown,
+            }
+        }
     };
     state.metrics.reports.get_or_create(&ReportLabels { kind, outcome }).inc();
     outcome
 }
 
-fn apply_kind(state: &AppState, kind: ReportKindLabel, id: AssignmentId, elapsed_ms: f64) -> ReportOutcomeLabel {
-    let outcome = match kind {
-        ReportKindLabel::FirstToken => state.assignments.lock().first_token(id, Instant::now()),
-        _ => state.assignments.lock().finish(id),
+fn kind_label(kind: i32) -> ReportKindLabel {
+    match ReportKind::try_from(kind) {
+        Ok(ReportKind::ReportFirstToken) => ReportKindLabel::FirstToken,
+        Ok(ReportKind::ReportComplete) => ReportKindLabel::Complete,
+        Ok(ReportKind::ReportCancel) => ReportKindLabel::Cancel,
+        _ => ReportKindLabel::Unspecified,
+    }
+}
+
+/// The fleet event a valid report stands for.
+fn event(report: &Report) -> Option<(ReportKindLabel, FleetEvent)> {
+    if report.assignment_id == 0 {
+        return None;
+    }
+    let id = AssignmentId(report.assignment_id);
+    let kind = kind_label(report.kind);
+    let event = match kind {
+        ReportKindLabel::FirstToken => FleetEvent::FirstToken { id, elapsed_ms: report.elapsed_ms },
+        ReportKindLabel::Complete => FleetEvent::Completed { id, usage: usage(report) },
+        ReportKindLabel::Cancel => FleetEvent::Cancelled { id },
+        ReportKindLabel::Unspecified => return None,
     };
-    match outcome {
-        ReportOutcome::FirstToken(a) => {
-            if elapsed_ms.is_finite() && elapsed_ms > 0.0 {
-                if let Some(worker) = state.registry.read().get(a.worker.as_str()) {
-                    worker.calibration.lock().observe(&a.features, elapsed_ms);
-                }
-                let m = &state.metrics;
-                m.ttft_predicted.observe(a.predicted_ttft_ms / 1000.0);
-                m.ttft_actual.observe(elapsed_ms / 1000.0);
-                if a.predicted_ttft_ms > 0.0 {
-                    m.ttft_error_ratio.observe(elapsed_ms / a.predicted_ttft_ms);
-                }
+    Some((kind, event))
+}
+
+fn usage(report: &Report) -> Usage {
+    Usage { prompt_tokens: report.prompt_tokens, completion_tokens: report.completion_tokens, cached_tokens: report.cached_tokens }
+}
+
+/// What this replica learns from its own reports (replicated ones are not observed twice).
+fn observe(m: &Metrics, report: &Report, applied: &Applied) {
+    match applied {
+        Applied::FirstToken { assignment: a, .. } if report.elapsed_ms.is_finite() && report.elapsed_ms > 0.0 => {
+            m.ttft_predicted.observe(a.predicted_ttft_ms / 1000.0);
+            m.ttft_actual.observe(report.elapsed_ms / 1000.0);
+            if a.predicted_ttft_ms > 0.0 {
+                m.ttft_error_ratio.observe(report.elapsed_ms / a.predicted_ttft_ms);
             }
-            state.store.reported(state, &a, ReportEvent::FirstToken { elapsed_ms });
-            ReportOutcomeLabel::Applied
         }
-        ReportOutcome::Freed(a) => {
-            state.store.reported(state, &a, ReportEvent::Freed);
-            state.update_in_flight();
-            ReportOutcomeLabel::Applied
+        Applied::Freed(a) if kind_label(report.kind) == ReportKindLabel::Complete => {
+            if let Some(error) = cache_prediction_error(a, &usage(report)) {
+                m.cache_prediction_error.observe(error);
+            }
         }
-        ReportOutcome::Duplicate => ReportOutcomeLabel::Duplicate,
-        ReportOutcome::Unknown => ReportOutcomeLabel::Unknown,
+        _ => {}
+    }
+}
+
+/// (cached tokens the engine reported - cached tokens the pick predicted) / prompt tokens:
+/// 0 when the index knew exactly what the worker held, negative when it promised blocks the
+/// worker no longer had (evicted before scheduling), positive when the worker had more
+/// (another request warmed it meanwhile). `None` without the usage to compare.
+pub fn cache_prediction_error(a: &Assignment, usage: &Usage) -> Option<f64> {
+    let cached = usage.cached_tokens?;
+    let prompt = if usage.prompt_tokens > 0 { usage.prompt_tokens } else { a.prompt_tokens };
+    if prompt == 0 {
+        return None;
+    }
+    let predicted = a.prompt_tokens.saturating_sub(a.uncached_tokens).min(prompt);
+    Some((f64::from(cached.min(prompt)) - f64::from(predicted)) / f64::from(prompt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::score::{Features, Policy};
+    use crate::types::WorkerId;
+
+    fn assignment(prompt_tokens: u32, uncached_tokens: u32) -> Assignment {
+        Assignment {
+            id: AssignmentId(1),
+            worker: WorkerId::new("w"),
+            policy: Policy::Kvroute,
+            prompt_tokens,
+            uncached_tokens,
+            predicted_ttft_ms: 1.0,
+            features: Features::default(),
+            created_at: tokio::time::Instant::now(),
+            first_token_at: None,
+        }
+    }
+
+    fn usage(prompt_tokens: u32, cached_tokens: Option<u32>) -> Usage {
+        Usage { prompt_tokens, completion_tokens: 3, cached_tokens }
+    }
+
+    #[tokio::test]
+    async fn cache_prediction_error_is_signed_and_needs_the_cached_count() {
+        // Predicted 64 of 100 cached.
+        let a = assignment(100, 36);
+        assert_eq!(cache_prediction_error(&a, &usage(100, Some(64))), Some(0.0));
+        assert_eq!(cache_prediction_error(&a, &usage(100, Some(0))), Some(-0.64));
+        assert_eq!(cache_prediction_error(&a, &usage(100, Some(96))), Some(0.32));
+        assert_eq!(cache_prediction_error(&a, &usage(100, None)), None, "vLLM without --enable-prompt-tokens-details");
+        assert_eq!(cache_prediction_error(&assignment(0, 0), &usage(0, Some(0))), None);
     }
 }

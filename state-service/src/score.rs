@@ -5,25 +5,29 @@
 //!
 //! - [`model`]: predicted TTFT = queue wait + prefill of the uncached tokens.
 //! - [`calibrate`]: per-worker online fit of the model's costs from first-token reports.
-//! - [`select`]: minimum with tie-breaks (load, then random).
+//! - [`select`]: each policy's choice among candidates ([`select::choose`]), minimum with
+//!   tie-breaks (load, then random).
+//! - [`selector`]: each pick's own rng and round-robin ticket, without a lock.
 //! - [`approx`]: the text-chunk key -> worker map that routers without KV events rely on.
 
 pub mod approx;
 pub mod calibrate;
 pub mod model;
 pub mod select;
+pub mod selector;
 
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
 pub use model::{predict, Cost, Features, LoadView, Prediction};
-pub use select::{pick_fastest, pick_min, Scored, Timed};
+pub use select::{choose, pick_fastest, pick_min, Choice, Scored, Timed};
+pub use selector::{PickRng, Selector};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
 /// A routing policy. `Kvroute` is the product; the others are the baselines it is measured
-/// against (see docs/benchmarks.md).
+/// against (see the workspace README's routing-quality table and bench/README.md).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {

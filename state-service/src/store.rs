@@ -6,33 +6,27 @@
 //!   load, speculative credit and calibration are replicated through Redis, and the lease
 //!   holder of each engine mirrors its block set to Redis for warm starts.
 //!
-//! The pick path only ever calls [`SharedStore::assigned`], which must not wait: a store
-//! that talks to a network queues the write and returns. Every replica keeps its own
-//! in-memory index, assignment table and speculative credit; a store feeds other replicas'
-//! decisions into them, so the pick code reads one local view whatever the store.
+//! A store is a sink and a source of [`FleetEvent`]s: the service offers it every change it
+//! applied ([`SharedStore::publish`], which must not wait: a store that talks to a network
+//! queues the write and returns), and the store sends other replicas' changes back
+//! ([`Inbound`]), which the service applies to its fleet exactly like its own. Every replica
+//! keeps its own in-memory index and fleet model, so the pick reads one local view whatever
+//! the store.
 
-pub mod config;
 pub mod memory;
 pub mod redis;
 
-pub use config::{RedisConfig, StoreKind};
+pub use crate::config::{RedisConfig, StoreKind};
 
-use crate::assign::Assignment;
+use crate::fleet::{Applied, FleetEvent, WorkerEntry};
 use crate::config::WorkerConfig;
 use crate::ingest::IngestStats;
-use crate::registry::WorkerEntry;
-use crate::state::AppState;
-use crate::types::BlockKey;
 use std::sync::Arc;
+use tokio::sync::mpsc;
 
-/// What a report did to an assignment, as other replicas must replay it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ReportEvent {
-    /// First token after `elapsed_ms` (feeds calibration).
-    FirstToken { elapsed_ms: f64 },
-    /// Complete or cancel.
-    Freed,
-}
+/// Where a store sends what other replicas changed (and what a warm start found), in order.
+/// The receiver applies each to the local fleet exactly as a local change.
+pub type Inbound = mpsc::UnboundedSender<FleetEvent>;
 
 /// Why an admin change to the shared state was not made.
 #[derive(Debug, thiserror::Error)]
@@ -48,22 +42,22 @@ pub enum ShareError {
 /// What an admin change to the shared state resolves to.
 pub type StoreFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShareError>> + Send>>;
 
-/// The hooks the service calls; see the module docs. Every method returns at once (the
-/// admin-only worker sharing returns a future the admin handler awaits).
+/// A sink and source of fleet events; see the module docs. Every method returns at once
+/// (the admin-only worker sharing returns a future the admin handler awaits). A store never
+/// sees the application state: it gets events out and sends events in.
 pub trait SharedStore: Send + Sync + 'static {
-    /// Starts background tasks (replication, health). Called once the state exists.
-    fn attach(&self, _state: &AppState) {}
+    /// Starts background tasks (replication, health); what they learn goes to `inbound`.
+    /// What is known already (a warm start) is sent before this returns.
+    fn attach(&self, _inbound: Inbound) {}
 
-    /// A pick on this replica created `assignment`, crediting its worker with `keys`.
-    fn assigned(&self, _assignment: &Assignment, _keys: &[BlockKey]) {}
-
-    /// A report about `assignment` arrived on this replica and was applied locally.
-    fn reported(&self, _state: &AppState, _assignment: &Assignment, _event: ReportEvent) {}
+    /// This replica applied `event` to its fleet with outcome `applied`: share it if other
+    /// replicas need it. Must not wait (the pick path calls it).
+    fn publish(&self, _event: &FleetEvent, _applied: &Applied) {}
 
     /// Ingestion of `worker`'s engine `rank` is about to start with `stats`: restores its
     /// warm-start mirror into the index if there is one and returns the sequence number the
     /// mirror is current to, so ingestion resumes from there (replaying what it missed).
-    fn engine_started(&self, _state: &AppState, _worker: &Arc<WorkerEntry>, _rank: u32, _stats: &Arc<IngestStats>) -> Option<u64> {
+    fn engine_started(&self, _worker: &Arc<WorkerEntry>, _rank: u32, _stats: &Arc<IngestStats>) -> Option<u64> {
         None
     }
 
@@ -82,6 +76,9 @@ pub trait SharedStore: Send + Sync + 'static {
     fn unshare_worker(&self, _id: &str) -> StoreFuture {
         Box::pin(async { Ok(()) })
     }
+
+    /// A shared worker sent through `inbound` was refused by this replica (invalid here).
+    fn worker_rejected(&self, _id: &str) {}
 
     /// Some shared state is unreachable: picks still answer from local state, marked degraded.
     fn degraded(&self) -> bool {

@@ -19,8 +19,8 @@ pub mod local;
 pub mod worker;
 
 use crate::config::Config;
-use crate::metrics::{Metrics, TokenizationLabels, TokenizationPathLabel, TokenizeFailure};
-use crate::registry::WorkerEntry;
+use crate::fleet::TokenizeTarget;
+use crate::metrics::{Metrics, TokenizeFailure};
 use kvroute_core::wire::{Endpoint, PickRequest, TokenizationPath};
 use kvroute_tokenize::{Api, ModelTokenizer, TokenizeError};
 use local::{LocalTokenizers, Lookup};
@@ -84,17 +84,18 @@ impl Tokenization {
         self.worker.is_paused(model)
     }
 
-    /// The prompt's exact ids via the local tokenizer, else a worker of `workers` (healthy
-    /// workers of the request's model); `None` when neither path could give them.
-    pub async fn exact_ids(&self, metrics: &Metrics, req: &PickRequest, workers: &[Arc<WorkerEntry>]) -> Option<ExactIds> {
+    /// The prompt's exact ids via the local tokenizer of `target`'s base model, else a worker
+    /// of `target` (healthy workers of the request's model); `None` when neither path could
+    /// give them.
+    pub async fn exact_ids(&self, metrics: &Metrics, req: &PickRequest, target: &TokenizeTarget) -> Option<ExactIds> {
         let started = std::time::Instant::now();
-        match self.local_ids(req).await {
+        match self.local_ids(req, &target.base_model).await {
             Ok(ids) => {
-                observe(metrics, TokenizationPathLabel::Local, started);
+                metrics.observe_tokenize(TokenizationPath::TokenizationLocal, started.elapsed().as_secs_f64());
                 return Some(ExactIds { ids, path: TokenizationPath::TokenizationLocal });
             }
             Err(reason) => {
-                metrics.count_tokenize_failure(TokenizationPathLabel::Local, reason);
+                metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, reason);
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no local tokenization");
             }
         }
@@ -102,26 +103,26 @@ impl Tokenization {
             return None;
         }
         let started = std::time::Instant::now();
-        match self.worker_ids(req, workers).await {
+        match self.worker_ids(req, &target.workers).await {
             Ok(ids) => {
-                observe(metrics, TokenizationPathLabel::Worker, started);
+                metrics.observe_tokenize(TokenizationPath::TokenizationWorker, started.elapsed().as_secs_f64());
                 Some(ExactIds { ids, path: TokenizationPath::TokenizationWorker })
             }
             Err(reason) => {
-                metrics.count_tokenize_failure(TokenizationPathLabel::Worker, reason);
+                metrics.count_tokenize_failure(TokenizationPath::TokenizationWorker, reason);
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no worker tokenization");
                 None
             }
         }
     }
 
-    async fn local_ids(&self, req: &PickRequest) -> Result<Vec<u32>, TokenizeFailure> {
-        let tokenizer = match self.local.lookup(&req.model) {
+    async fn local_ids(&self, req: &PickRequest, model: &str) -> Result<Vec<u32>, TokenizeFailure> {
+        let tokenizer = match self.local.lookup(model) {
             Lookup::Ready(t) => t,
             Lookup::Unavailable => return Err(TokenizeFailure::Unavailable),
             // The pick never waits for a load: it takes the next path meanwhile.
             Lookup::NeedsLoad => {
-                self.start_load(&req.model);
+                self.start_load(model);
                 return Err(TokenizeFailure::Loading);
             }
             Lookup::Loading => return Err(TokenizeFailure::Loading),
@@ -135,7 +136,7 @@ impl Tokenization {
             .unwrap_or(Err(TokenizeFailure::Encode))
     }
 
-    async fn worker_ids(&self, req: &PickRequest, workers: &[Arc<WorkerEntry>]) -> Result<Vec<u32>, TokenizeFailure> {
+    async fn worker_ids(&self, req: &PickRequest, workers: &[Arc<crate::fleet::WorkerEntry>]) -> Result<Vec<u32>, TokenizeFailure> {
         if self.worker.is_paused(&req.model) {
             return Err(TokenizeFailure::Backoff);
         }
@@ -143,10 +144,6 @@ impl Tokenization {
         let body = worker::request_body(req)?;
         self.worker.tokenize(&req.model, &url, &body).await
     }
-}
-
-fn observe(metrics: &Metrics, path: TokenizationPathLabel, started: std::time::Instant) {
-    metrics.tokenize_latency.get_or_create(&TokenizationLabels { path }).observe(started.elapsed().as_secs_f64());
 }
 
 /// Chat prompts through the template (media makes the ids inexact: vLLM adds placeholder

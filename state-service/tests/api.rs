@@ -6,7 +6,7 @@ use axum::body::{to_bytes, Body};
 use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use common::{state, TOKEN};
-use kvroute_core::wire::{PickRequest, PickResponse, Report, ReportBatch, ReportKind, TokenizationPath};
+use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, Report, ReportBatch, ReportKind, TokenizationPath};
 use kvroute_state::api::app;
 use kvroute_state::types::EngineSlot;
 use prost::Message;
@@ -78,7 +78,7 @@ async fn protobuf_pick_and_report_round_trip() {
     assert_eq!((resp.worker_id.as_str(), resp.endpoint.as_str(), resp.cluster.as_str()), ("b", "127.0.0.1:8001", "c_b"));
     assert_eq!((resp.matched_blocks, resp.total_blocks), (4, 6));
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationExactTokenIds as i32);
-    assert!(resp.degraded_reason.is_empty() && resp.predicted_ttft_ms > 0.0);
+    assert!(resp.degraded_reason() == DegradedReason::DegradedNone && resp.predicted_ttft_ms > 0.0);
     assert_eq!(assignment_count(&app).await, 1);
 
     report_pb(&app, vec![report(resp.assignment_id, ReportKind::ReportFirstToken, 42.0)]).await;
@@ -133,11 +133,11 @@ async fn unknown_model_and_text_prompts_are_degraded_not_errors() {
     let (state, _) = state(&["a", "b"]);
     let app = app(state);
     let resp = pick_pb(&app, &PickRequest { model: "nope".into(), ..token_pick(&[1]) }).await;
-    assert_eq!((resp.worker_id.as_str(), resp.assignment_id, resp.degraded_reason.as_str()), ("", 0, "unknown_model"));
+    assert_eq!((resp.worker_id.as_str(), resp.assignment_id, resp.degraded_reason().label()), ("", 0, "unknown_model"));
 
     let text = PickRequest { model: "m".into(), prompt_text: "x".repeat(600), text_chunk_keys: vec![9, 10], prompt_bytes: 600, ..Default::default() };
     let first = pick_pb(&app, &text).await;
-    assert_eq!(first.degraded_reason, "tokenizer_unavailable");
+    assert_eq!(first.degraded_reason().label(), "tokenizer_unavailable");
     assert_eq!(first.tokenization, TokenizationPath::TokenizationTextChunks as i32);
     // Learned from the first pick: once its queue is gone, the same prefix follows it.
     report_pb(&app, vec![report(first.assignment_id, ReportKind::ReportFirstToken, 30.0)]).await;

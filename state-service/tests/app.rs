@@ -15,12 +15,12 @@ async fn workers_with_events_get_one_feed_per_engine() {
     };
     let config = Config { workers: vec![worker, WorkerConfig::new("plain", "m")], ..Config::default() };
     let state = kvroute_state::app::start(config, Arc::new(MemoryIndex::new())).unwrap();
-    let w = state.registry.read().get("w").unwrap();
+    let w = state.fleet.worker("w").unwrap();
     assert!(w.engines.iter().all(|e| e.feed.lock().is_some()));
     let snapshot = w.engines[1].feed.lock().as_ref().unwrap().snapshot();
     assert_eq!((snapshot.batches, snapshot.last_seq), (0, None));
-    let plain = state.registry.read().get("plain").unwrap();
+    let plain = state.fleet.worker("plain").unwrap();
     assert!(plain.engines[0].feed.lock().is_none());
     assert!(state.remove_worker("w"), "removal joins the ingest threads");
-    assert!(state.registry.read().get("w").is_none());
+    assert!(state.fleet.worker("w").is_none());
 }

@@ -56,7 +56,7 @@ fn chat_body() -> Value {
 fn chat_pick(body: &Value) -> (PickRequest, String) {
     let parsed = parse(Api::ChatCompletions, body.to_string().as_bytes()).expect("valid chat body");
     let Prompt::Chat { template_input, canonical } = parsed.prompt else { panic!("not a chat prompt") };
-    let root = KeyRoot::new("m", "", "");
+    let root = KeyRoot::new("m", "");
     let pick = PickRequest {
         model: "m".into(),
         endpoint: Endpoint::ChatCompletions as i32,
@@ -125,7 +125,7 @@ async fn local_tokenizer_gives_exact_keys_that_match_held_blocks() {
 
     let cold = pick(&app, &req).await;
     assert_eq!(cold.tokenization, TokenizationPath::TokenizationLocal as i32, "{cold:?}");
-    assert_eq!((cold.degraded_reason.as_str(), cold.total_blocks), ("", keys.len() as u32));
+    assert_eq!((cold.degraded_reason().label(), cold.total_blocks), ("none", keys.len() as u32));
     let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
     assert_eq!(assignments["assignments"][0]["prompt_tokens"], ids.len());
 
@@ -202,7 +202,7 @@ async fn missing_tokenizer_falls_to_the_worker_then_to_text_chunks() {
     index.hold(EngineSlot(0), &keys);
     let resp = pick(&app, &req).await;
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationWorker as i32, "{resp:?}");
-    assert_eq!(resp.degraded_reason, "tokenizer_unavailable");
+    assert_eq!(resp.degraded_reason().label(), "tokenizer_unavailable");
     assert_eq!((resp.matched_blocks, resp.total_blocks), (keys.len() as u32, keys.len() as u32));
     let body = seen.lock()[0].clone();
     assert_eq!((body["model"].as_str(), body["add_generation_prompt"].as_bool()), (Some("m"), Some(true)));
@@ -215,7 +215,7 @@ async fn missing_tokenizer_falls_to_the_worker_then_to_text_chunks() {
     for _ in 0..2 {
         let resp = pick(&app, &req).await;
         assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "{resp:?}");
-        assert_eq!((resp.degraded_reason.as_str(), resp.worker_id.as_str()), ("tokenizer_unavailable", "a"));
+        assert_eq!((resp.degraded_reason().label(), resp.worker_id.as_str()), ("tokenizer_unavailable", "a"));
     }
     let metrics = get_text(&app, "/metrics").await;
     assert_has(&metrics, &[
@@ -257,7 +257,7 @@ async fn a_pick_never_waits_for_the_tokenizer_to_load() {
     let (req, _) = chat_pick(&chat_body());
     // Not loaded yet: this pick starts the load in the background and uses text chunks.
     let first = pick(&app, &req).await;
-    assert_eq!((first.tokenization, first.degraded_reason.as_str()), (TokenizationPath::TokenizationTextChunks as i32, "tokenizer_unavailable"));
+    assert_eq!((first.tokenization, first.degraded_reason().label()), (TokenizationPath::TokenizationTextChunks as i32, "tokenizer_unavailable"));
     // Waits for the background load to finish; from then on picks are exact.
     assert!(state.tokenization.local.load("m").is_some());
     assert_eq!(pick(&app, &req).await.tokenization, TokenizationPath::TokenizationLocal as i32);

@@ -164,7 +164,7 @@ fn rank1_steps() -> Vec<Value> {
 }
 
 fn keys(root: (&str, &str), tokens: std::ops::Range<u32>) -> Vec<BlockKey> {
-    token_block_keys(&KeyRoot::new(root.0, "", root.1), &tokens.collect::<Vec<_>>(), BS as usize)
+    token_block_keys(&KeyRoot::new(root.0, root.1), &tokens.collect::<Vec<_>>(), BS as usize)
 }
 
 fn matches(index: &MemoryIndex, keys: &[BlockKey]) -> Vec<(u32, u32)> {

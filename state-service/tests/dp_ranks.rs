@@ -67,7 +67,7 @@ async fn rank_state(client: &reqwest::Client, l: &WorkerLayout, rank: usize) -> 
 }
 
 fn last_seq(state: &AppState, rank: usize) -> Option<u64> {
-    let w = state.registry.read().get("w0").expect("worker");
+    let w = state.fleet.worker("w0").expect("worker");
     let feed = w.engines[rank].feed.lock().clone().expect("ingestion runs");
     feed.snapshot().last_seq
 }
@@ -111,7 +111,7 @@ async fn index_per_engine_equals_each_ranks_cache() {
         }
     }
     // Settling rank 1 sent nothing to rank 0, so rank 0's truth still holds.
-    let w = state.registry.read().get("w0").expect("worker");
+    let w = state.fleet.worker("w0").expect("worker");
     for (rank, hashes) in truth.iter().enumerate() {
         assert!(!hashes.is_empty(), "rank {rank} caches blocks");
         let indexed: Vec<u64> = index.export(w.engines[rank].slot).into_iter().map(|b| b.hash.0).collect();

@@ -44,9 +44,10 @@ async fn unhealthy_after_failed_scrapes_and_back_after_recovery() {
     let url = metrics_server(failing.clone()).await;
     let (state, _) = common::state(&[]);
     let worker = state.add_worker(WorkerConfig { metrics_url: Some(url), ..WorkerConfig::new("w", "m") }).unwrap();
-    let scraper = state.scraper.clone();
+    let scraper = state.scraper().clone();
+    let target = worker.scrape_target().expect("a metrics URL");
 
-    assert_eq!(scraper.scrape(&worker).await, HealthChange::None);
+    assert_eq!(scraper.scrape(&target).await, HealthChange::None);
     {
         let load = worker.load.lock();
         assert!(load.healthy);
@@ -55,15 +56,15 @@ async fn unhealthy_after_failed_scrapes_and_back_after_recovery() {
     }
 
     failing.store(true, Ordering::SeqCst);
-    assert_eq!(scraper.scrape(&worker).await, HealthChange::None);
-    assert_eq!(scraper.scrape(&worker).await, HealthChange::None);
-    assert_eq!(scraper.scrape(&worker).await, HealthChange::BecameUnhealthy);
+    assert_eq!(scraper.scrape(&target).await, HealthChange::None);
+    assert_eq!(scraper.scrape(&target).await, HealthChange::None);
+    assert_eq!(scraper.scrape(&target).await, HealthChange::BecameUnhealthy);
     assert!(!worker.load.lock().healthy);
     assert!(worker.load.lock().last_error.as_deref().is_some_and(|e| e.contains("500")));
     assert!(!state.ready(), "the only worker is out of the pool");
 
     failing.store(false, Ordering::SeqCst);
-    assert_eq!(scraper.scrape(&worker).await, HealthChange::Recovered);
+    assert_eq!(scraper.scrape(&target).await, HealthChange::Recovered);
     assert!(worker.load.lock().healthy && state.ready());
 }
 
@@ -74,10 +75,11 @@ async fn unreachable_worker_goes_unhealthy() {
     let (state, _) = common::state(&[]);
     let url = format!("http://127.0.0.1:{port}/metrics");
     let worker = state.add_worker(WorkerConfig { metrics_url: Some(url), ..WorkerConfig::new("w", "m") }).unwrap();
+    let target = worker.scrape_target().expect("a metrics URL");
     for _ in 0..3 {
-        state.scraper.scrape(&worker).await;
+        state.scraper().scrape(&target).await;
     }
     assert!(!worker.load.lock().healthy);
     let resp = kvroute_state::pick::pick(&state, &kvroute_core::wire::PickRequest { model: "m".into(), ..Default::default() });
-    assert_eq!(resp.degraded_reason, "no_healthy_worker");
+    assert_eq!(resp.degraded_reason().label(), "no_healthy_worker");
 }

@@ -1,67 +1,151 @@
-//! Policies through the whole pick path (state + index + load), without HTTP.
+//! Policies through the whole pick path: the real state, the real `MemoryIndex` fed with
+//! vLLM-shaped `BlockStored` events, scraped load, and the pick itself (no HTTP).
 
 mod common;
 
+use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_core::wire::PickRequest;
+use kvroute_state::config::WorkerConfig;
+use kvroute_state::index::memory::MemoryIndex;
+use kvroute_state::index::KvIndex;
 use kvroute_state::load::VllmLoad;
 use kvroute_state::pick::pick;
 use kvroute_state::score::Policy;
-use kvroute_state::types::EngineSlot;
+use kvroute_state::state::AppState;
+use kvroute_state::types::{EngineHash, EngineSlot, KvEvent, Tier};
 use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::Arc;
 use tokio::time::Instant;
 
-fn req(keys: std::ops::Range<u64>) -> PickRequest {
-    let n = (keys.end - keys.start) as u32;
-    PickRequest { model: "m".into(), token_keys: keys.collect(), block_size: 16, prompt_tokens: n * 16, ..Default::default() }
+const BS: u32 = 16;
+
+fn tokens(r: Range<u32>) -> Vec<u32> {
+    r.map(|t| t * 7 + 1).collect()
 }
 
-fn set_load(state: &kvroute_state::state::AppState, id: &str, running: u32, waiting: u32) {
-    let worker = state.registry.read().get(id).unwrap();
+/// The state on a real index with `workers` (engine slots 0, 1, ... in order).
+fn state(workers: Vec<WorkerConfig>) -> (AppState, Arc<MemoryIndex>) {
+    let index = Arc::new(MemoryIndex::new());
+    let mut config = common::config(&[]);
+    config.workers = workers;
+    (AppState::new(config, index.clone()).expect("valid config"), index)
+}
+
+fn worker(id: &str) -> WorkerConfig {
+    WorkerConfig { endpoint: format!("127.0.0.1:{}", 8000 + id.len()), ..WorkerConfig::new(id, "m") }
+}
+
+/// Engine `slot` stores the blocks of `tokens` as vLLM reports them (one chain, in one event).
+fn store(index: &MemoryIndex, slot: u32, tokens: &[u32], lora_name: Option<&str>) {
+    let blocks = tokens.len() as u64 / u64::from(BS);
+    let hashes = (0..blocks).map(|b| EngineHash(u64::from(slot) << 32 | b)).collect();
+    let event = KvEvent::Stored {
+        hashes,
+        parent: None,
+        token_ids: tokens.to_vec(),
+        block_size: BS,
+        lora_name: lora_name.map(str::to_string),
+        cache_salt: None,
+        tier: Tier::Gpu,
+    };
+    let applied = index.apply(EngineSlot(slot), "m", BS, &[event]);
+    assert_eq!(applied.blocks_stored, blocks);
+}
+
+/// What the filter sends for a token-id prompt addressed to `model`.
+fn req(model: &str, tokens: &[u32]) -> PickRequest {
+    let keys = token_block_keys(&KeyRoot::new(model, ""), tokens, BS as usize);
+    PickRequest {
+        model: model.into(),
+        token_keys: keys.iter().map(|k| k.0).collect(),
+        block_size: BS,
+        prompt_tokens: tokens.len() as u32,
+        ..Default::default()
+    }
+}
+
+fn set_load(state: &AppState, id: &str, running: u32, waiting: u32) {
+    let worker = state.fleet.worker(id).unwrap();
     worker.load.lock().record_ok(VllmLoad { running, waiting, ..VllmLoad::default() }, Instant::now());
 }
 
 #[tokio::test]
 async fn cached_worker_wins_on_equal_queues_idle_worker_wins_behind_a_long_queue() {
-    let (state, index) = common::state(&["a", "b"]);
-    index.hold(EngineSlot(0), &(0..200).collect::<Vec<_>>());
+    let (state, index) = state(vec![worker("a"), worker("b")]);
+    let prompt = tokens(0..4000);
+    store(&index, 0, &prompt[..3200], None);
     set_load(&state, "a", 4, 2);
     set_load(&state, "b", 4, 2);
-    let warm = pick(&state, &req(0..250));
-    assert_eq!((warm.worker_id.as_str(), warm.matched_blocks), ("a", 200));
+    let warm = pick(&state, &req("m", &prompt));
+    assert_eq!((warm.worker_id.as_str(), warm.matched_blocks, warm.total_blocks), ("a", 200, 250));
     state.reset();
     // 40 waiting requests of ~512 tokens ahead on a: far more than the 3200 tokens saved.
     set_load(&state, "a", 8, 40);
-    let cold = pick(&state, &req(0..250));
+    let cold = pick(&state, &req("m", &prompt));
     assert_eq!((cold.worker_id.as_str(), cold.matched_blocks), ("b", 0));
 }
 
 #[tokio::test]
 async fn baselines_ignore_the_index() {
-    let (state, index) = common::state(&["a", "b", "c"]);
-    index.hold(EngineSlot(2), &[0, 1, 2, 3]);
+    let (state, index) = state(vec![worker("a"), worker("b"), worker("c")]);
+    let prompt = tokens(0..64);
+    store(&index, 2, &prompt, None);
 
-    *state.policy.write() = Policy::RoundRobin;
-    let order: Vec<String> = (0..6).map(|_| pick(&state, &req(0..4)).worker_id).collect();
+    state.set_policy(Policy::RoundRobin);
+    let order: Vec<String> = (0..6).map(|_| pick(&state, &req("m", &prompt)).worker_id).collect();
     assert_eq!(order, ["a", "b", "c", "a", "b", "c"]);
 
     state.reset();
-    *state.policy.write() = Policy::LeastLoaded;
+    state.set_policy(Policy::LeastLoaded);
     set_load(&state, "a", 5, 0);
     set_load(&state, "c", 9, 9);
-    assert_eq!(pick(&state, &req(0..4)).worker_id, "b");
+    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
 
     state.reset();
-    *state.policy.write() = Policy::Random;
-    let seen: BTreeSet<String> = (0..60).map(|_| pick(&state, &req(0..4)).worker_id).collect();
+    state.set_policy(Policy::Random);
+    let seen: BTreeSet<String> = (0..60).map(|_| pick(&state, &req("m", &prompt)).worker_id).collect();
     assert_eq!(seen.len(), 3);
 
     // approx_prefix: the first pick of a prefix goes to the least loaded (b), not to c which
     // holds it per the KV index; the next ones follow what it learned.
     state.reset();
-    *state.policy.write() = Policy::ApproxPrefix;
-    let first = pick(&state, &req(0..4));
+    state.set_policy(Policy::ApproxPrefix);
+    let first = pick(&state, &req("m", &prompt));
     assert_eq!((first.worker_id.as_str(), first.matched_blocks), ("b", 0), "matched_blocks is what b holds per the index");
     for _ in 0..3 {
-        assert_eq!(pick(&state, &req(0..4)).worker_id, "b");
+        assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
     }
+
+    // kvroute reads the index: c holds all of it (and is as idle as the others now).
+    state.reset();
+    state.set_policy(Policy::Kvroute);
+    for id in ["a", "b", "c"] {
+        set_load(&state, id, 0, 0);
+    }
+    let exact = pick(&state, &req("m", &prompt));
+    assert_eq!((exact.worker_id.as_str(), exact.matched_blocks), ("c", 4));
+}
+
+/// vLLM's convention: a request names a LoRA adapter in `model`; its blocks are stored with
+/// that `lora_name`. Only the workers serving the adapter are candidates, and its blocks
+/// match only requests for the adapter.
+#[tokio::test]
+async fn a_lora_request_matches_blocks_stored_with_its_lora_name() {
+    let with_adapter = WorkerConfig { lora_adapters: vec!["sql-lora".into()], ..worker("ad") };
+    let (state, index) = state(vec![worker("base"), with_adapter.clone(), WorkerConfig { id: "ad2".into(), ..with_adapter }]);
+    let prompt = tokens(0..320);
+    store(&index, 1, &prompt, Some("sql-lora"));
+    store(&index, 0, &prompt, None);
+
+    let lora = pick(&state, &req("sql-lora", &prompt));
+    assert_eq!((lora.worker_id.as_str(), lora.matched_blocks, lora.total_blocks), ("ad", 20, 20), "{lora:?}");
+    let seen: BTreeSet<String> = (0..20).map(|_| pick(&state, &req("sql-lora", &tokens(5000..5100))).worker_id).collect();
+    assert!(!seen.contains("base"), "only adapter workers serve the adapter: {seen:?}");
+
+    // The base model's blocks are not the adapter's, and the other way round.
+    let base = pick(&state, &req("m", &prompt));
+    assert_eq!((base.worker_id.as_str(), base.matched_blocks), ("base", 20));
+    let unknown = pick(&state, &req("other-lora", &prompt));
+    assert_eq!(unknown.degraded_reason().label(), "unknown_model");
 }

@@ -2,9 +2,9 @@
 
 use super::ApiError;
 use crate::config::WorkerConfig;
-use crate::registry::RegistryError;
+use crate::fleet::{AddWorkerError, RegistryError};
 use crate::score::Policy;
-use crate::state::{AddWorkerError, AppState};
+use crate::state::AppState;
 use crate::store::ShareError;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -34,7 +34,7 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<
 pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
     authorize(&state, &headers)?;
     let worker: WorkerConfig = json_body(&body, "worker")?;
-    if state.registry.read().get(&worker.id).is_some() {
+    if state.fleet.worker(&worker.id).is_some() {
         return Err(ApiError::Conflict(RegistryError::Duplicate(worker.id).to_string()));
     }
     state.config.validate_worker(&worker).map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -64,7 +64,7 @@ pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body:
 
 pub async fn remove_worker(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     authorize(&state, &headers)?;
-    if state.registry.read().get(&id).is_none() {
+    if state.fleet.worker(&id).is_none() {
         return Err(ApiError::NotFound(format!("no worker {id:?}")));
     }
     // A shared worker leaves every replica; a config worker only this one.
@@ -84,7 +84,7 @@ pub async fn set_policy(State(state): State<AppState>, headers: HeaderMap, body:
     authorize(&state, &headers)?;
     let body: PolicyBody = json_body(&body, "policy body")?;
     let policy: Policy = body.policy.parse().map_err(|e: crate::score::UnknownPolicy| ApiError::BadRequest(e.to_string()))?;
-    let previous = std::mem::replace(&mut *state.policy.write(), policy);
+    let previous = state.set_policy(policy);
     tracing::info!(%policy, %previous, "policy switched");
     Ok(Json(json!({ "policy": policy, "previous": previous })))
 }

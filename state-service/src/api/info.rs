@@ -1,6 +1,6 @@
 //! Read-only views: workers, assignments, health, readiness, metrics.
 
-use crate::registry::{Engine, WorkerEntry};
+use crate::fleet::{Engine, WorkerEntry};
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{header::CONTENT_TYPE, StatusCode};
@@ -40,17 +40,18 @@ fn engine_view(state: &AppState, engine: &Engine, now_unix_ms: u64) -> EngineVie
             "resets": s.resets,
         })
     });
-    EngineView { rank: engine.rank, slot: engine.slot.0, index_blocks: state.index.engine_blocks(engine.slot), events }
+    EngineView { rank: engine.rank, slot: engine.slot.0, index_blocks: state.fleet.index().engine_blocks(engine.slot), events }
 }
 
 fn worker_view(state: &AppState, w: &WorkerEntry, now_unix_ms: u64) -> Value {
     let load = w.load.lock().clone();
-    let pending = state.assignments.lock().pending(&w.id);
-    let cal = w.calibration.lock().clone();
+    let pending = state.fleet.assignments().pending(&w.id);
+    let cal = *w.calibration.lock();
     let engines: Vec<EngineView> = w.engines.iter().map(|e| engine_view(state, e, now_unix_ms)).collect();
     json!({
         "id": w.id.as_str(),
         "model": w.config.model,
+        "lora_adapters": w.config.lora_adapters,
         "endpoint": w.config.endpoint,
         "cluster": w.config.cluster,
         "block_size": w.block_size,
@@ -73,10 +74,10 @@ fn worker_view(state: &AppState, w: &WorkerEntry, now_unix_ms: u64) -> Value {
 pub async fn workers(State(state): State<AppState>) -> Json<Value> {
     state.sweep();
     let now_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    let workers: Vec<Value> = state.registry.read().all().iter().map(|w| worker_view(&state, w, now_unix_ms)).collect();
+    let workers: Vec<Value> = state.fleet.workers().iter().map(|w| worker_view(&state, w, now_unix_ms)).collect();
     Json(json!({
-        "policy": *state.policy.read(),
-        "assignments": state.assignments.lock().len(),
+        "policy": state.policy(),
+        "assignments": state.fleet.assignments().len(),
         "workers": workers,
     }))
 }
@@ -84,7 +85,7 @@ pub async fn workers(State(state): State<AppState>) -> Json<Value> {
 pub async fn assignments(State(state): State<AppState>) -> Json<Value> {
     state.sweep();
     let now = Instant::now();
-    let table = state.assignments.lock();
+    let table = state.fleet.assignments();
     let list: Vec<Value> = table
         .iter()
         .take(LIST_LIMIT)

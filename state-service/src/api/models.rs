@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
     let mut workers: BTreeMap<String, (u32, Vec<String>)> = BTreeMap::new();
-    for w in state.registry.read().all() {
+    for w in state.fleet.workers() {
         let entry = workers.entry(w.config.model.clone()).or_insert((w.block_size, Vec::new()));
         entry.1.push(w.id.to_string());
     }

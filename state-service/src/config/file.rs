@@ -1,7 +1,7 @@
 //! The config file's shape, with every default in one place.
 
 use crate::score::Policy;
-use crate::store::{RedisConfig, StoreKind};
+use super::store::{RedisConfig, StoreKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -198,6 +198,11 @@ pub struct WorkerConfig {
     /// Defaults to `priors.max_num_batched_tokens`.
     #[serde(default)]
     pub max_num_batched_tokens: Option<u32>,
+    /// LoRA adapters the worker serves (vLLM `--lora-modules NAME=PATH`). A request whose
+    /// `model` names one is routed among these workers and matched against the blocks vLLM
+    /// stored with that `lora_name`; it is tokenized with `model`'s tokenizer.
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -221,7 +226,13 @@ impl WorkerConfig {
             per_token_ms: None,
             overhead_ms: None,
             max_num_batched_tokens: None,
+            lora_adapters: Vec::new(),
         }
+    }
+
+    /// Whether a request for `model` (a base model or a LoRA adapter name) can go here.
+    pub fn serves(&self, model: &str) -> bool {
+        self.model == model || self.lora_adapters.iter().any(|a| a == model)
     }
 
     /// Rank `rank`'s endpoint: the port of `endpoint` plus `rank`, as vLLM assigns them.

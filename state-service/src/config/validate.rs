@@ -132,6 +132,9 @@ impl Config {
                 return Err(invalid("block_size", format!("{own} differs from models.{}.block_size = {model}", w.model)));
             }
         }
+        if let Some(bad) = w.lora_adapters.iter().find(|a| a.is_empty() || **a == w.model) {
+            return Err(invalid("lora_adapters", format!("{bad:?}: an adapter needs its own non-empty name, not the base model's")));
+        }
         if w.max_num_batched_tokens == Some(0) {
             return Err(invalid("max_num_batched_tokens", "must be > 0"));
         }

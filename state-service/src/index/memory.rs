@@ -11,11 +11,11 @@
 //! lookup is O(keys walked x slot words), stopping at the first key no candidate holds;
 //! `clear_engine` is O(blocks of that engine).
 //!
-//! Key roots. An engine's chains start at `KeyRoot::new(lora_name.unwrap_or(model), "",
+//! Key roots. An engine's chains start at `KeyRoot::new(lora_name.unwrap_or(model),
 //! cache_salt.unwrap_or(""))`, where `model` is the engine's configured model and `lora_name`
 //! / `cache_salt` come from the event. The matching convention on the request side: a client
 //! addresses a LoRA adapter by sending its name as `model`, and the filter computes keys with
-//! `KeyRoot::new(request.model, "", cache_salt)`. So a request for adapter "sql-lora" matches
+//! `KeyRoot::new(request.model, cache_salt)`. So a request for adapter "sql-lora" matches
 //! blocks vLLM stored with `lora_name = "sql-lora"`, and a base-model request matches blocks
 //! stored without a LoRA.
 //!
@@ -112,7 +112,7 @@ impl MemoryIndex {
             return;
         }
         let parent_key = match ev.parent {
-            None => KeyRoot::new(ev.lora_name.unwrap_or(ev.model), "", ev.cache_salt.unwrap_or("")).token_root(),
+            None => KeyRoot::new(ev.lora_name.unwrap_or(ev.model), ev.cache_salt.unwrap_or("")).token_root(),
             Some(p) => match e.blocks.get(&p) {
                 Some(entry) => entry.key,
                 None => {

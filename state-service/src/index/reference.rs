@@ -69,7 +69,7 @@ impl KvIndex for ReferenceIndex {
                     let mut prev = match parent {
                         None => {
                             let root_model = lora_name.as_deref().unwrap_or(model);
-                            KeyRoot::new(root_model, "", cache_salt.as_deref().unwrap_or("")).token_root()
+                            KeyRoot::new(root_model, cache_salt.as_deref().unwrap_or("")).token_root()
                         }
                         Some(p) => match key_of(&facts, engine, *p) {
                             Some(k) => k,

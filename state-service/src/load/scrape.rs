@@ -2,9 +2,12 @@
 
 use super::parse::{parse_vllm, VllmLoad};
 use super::HealthChange;
-use crate::registry::WorkerEntry;
+use super::LoadState;
+use crate::types::WorkerId;
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,39 +38,42 @@ pub async fn scrape_once(client: &reqwest::Client, url: &str, timeout: Duration)
     Ok(parse_vllm(&text))
 }
 
+/// One worker's metrics URL and the load cell its scrapes write.
+#[derive(Clone, Debug)]
+pub struct ScrapeTarget {
+    pub worker: WorkerId,
+    pub url: String,
+    pub load: Arc<Mutex<LoadState>>,
+}
+
 impl Scraper {
-    /// Scrapes `worker` once and records the outcome in its load state.
-    pub async fn scrape(&self, worker: &WorkerEntry) -> HealthChange {
-        let Some(url) = worker.config.metrics_url.as_deref() else { return HealthChange::None };
-        let result = scrape_once(&self.client, url, self.timeout).await;
-        let mut state = worker.load.lock();
+    /// Scrapes `target` once and records the outcome in its load state.
+    pub async fn scrape(&self, target: &ScrapeTarget) -> HealthChange {
+        let result = scrape_once(&self.client, &target.url, self.timeout).await;
+        let mut state = target.load.lock();
         let change = match result {
             Ok(load) => state.record_ok(load, Instant::now()),
             Err(e) => state.record_failure(e.to_string(), self.unhealthy_after),
         };
         drop(state);
         match change {
-            HealthChange::BecameUnhealthy => tracing::warn!(worker = %worker.id, "worker unhealthy: metrics scrapes failing"),
-            HealthChange::Recovered => tracing::info!(worker = %worker.id, "worker healthy again"),
+            HealthChange::BecameUnhealthy => tracing::warn!(worker = %target.worker, "worker unhealthy: metrics scrapes failing"),
+            HealthChange::Recovered => tracing::info!(worker = %target.worker, "worker healthy again"),
             HealthChange::None => {}
         }
         change
     }
 }
 
-/// Starts scraping `worker` every `scraper.interval`; the task is stopped with the worker.
-pub fn spawn_scraper(scraper: Scraper, worker: Arc<WorkerEntry>) {
-    if worker.config.metrics_url.is_none() {
-        return;
-    }
-    let entry = worker.clone();
+/// Starts scraping `target` every `scraper.interval`; abort the handle to stop.
+pub fn spawn_scraper(scraper: Scraper, target: ScrapeTarget) -> AbortHandle {
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(scraper.interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            scraper.scrape(&entry).await;
+            scraper.scrape(&target).await;
         }
     });
-    worker.add_task(task.abort_handle());
+    task.abort_handle()
 }

@@ -2,6 +2,7 @@
 //! new series.
 
 use crate::score::Policy;
+use kvroute_core::wire::{DegradedReason, TokenizationPath};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::fmt::Write;
 
@@ -25,37 +26,25 @@ macro_rules! label_enum {
     };
 }
 
-label_enum!(
-    /// Why a decision was degraded; also the `degraded_reason` of the pick response.
-    DegradedReason {
-        /// Text or chat prompt and no tokenizer: approximate text-chunk keys were used.
-        TokenizerUnavailable => "tokenizer_unavailable",
-        /// No worker serves the model: the proxy uses its default route.
-        UnknownModel => "unknown_model",
-        /// Workers exist but none is healthy: the proxy uses its default route.
-        NoHealthyWorker => "no_healthy_worker",
-        /// The keys were cut with another block size than the model's: routed on load only.
-        BlockSizeMismatch => "block_size_mismatch",
-        /// A shared store (Redis shard) is unreachable: decided on this replica's local view.
-        StateUnavailable => "state_unavailable",
-    }
-);
+/// The `reason` label: the contract's enum, spelled once by [`DegradedReason::label`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Reason(pub DegradedReason);
 
-label_enum!(
-    /// How a pick's prompt became keys; mirrors the response's `tokenization`.
-    TokenizationPathLabel {
-        /// The client sent token ids; the filter computed the keys.
-        ExactTokenIds => "exact_token_ids",
-        /// The state service's tokenizer and chat template.
-        Local => "local",
-        /// The worker's vLLM `/tokenize`.
-        Worker => "worker",
-        /// Approximate text-chunk keys.
-        TextChunks => "text_chunks",
-        /// No keys: load only.
-        None => "none",
+impl EncodeLabelValue for Reason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.0.label())
     }
-);
+}
+
+/// The `path` label: the contract's enum, spelled once by [`TokenizationPath::label`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Path(pub TokenizationPath);
+
+impl EncodeLabelValue for Path {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.0.label())
+    }
+}
 
 label_enum!(
     /// Why a tokenization path gave no token ids (the pick then tried the next path).
@@ -137,7 +126,7 @@ pub struct PickLabels {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ReasonLabels {
-    pub reason: DegradedReason,
+    pub reason: Reason,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -153,11 +142,11 @@ pub struct ExpiryLabels {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TokenizationLabels {
-    pub path: TokenizationPathLabel,
+    pub path: Path,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TokenizeFailureLabels {
-    pub path: TokenizationPathLabel,
+    pub path: Path,
     pub reason: TokenizeFailure,
 }

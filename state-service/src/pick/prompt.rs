@@ -1,7 +1,7 @@
 //! What a pick request tells us about its prompt: which keys to match, how many tokens, and
 //! whether that is exact or approximate.
 
-use crate::metrics::DegradedReason;
+use kvroute_core::wire::DegradedReason;
 use crate::types::BlockKey;
 use kvroute_core::wire::{PickRequest, TokenizationPath};
 
@@ -40,7 +40,7 @@ impl PromptView {
             prompt_tokens: bytes / BYTES_PER_TOKEN,
             tokens_per_key: (chunk_bytes / BYTES_PER_TOKEN).max(1),
             tokenization,
-            limitation: Some(DegradedReason::TokenizerUnavailable),
+            limitation: Some(DegradedReason::DegradedTokenizerUnavailable),
         }
     }
 
@@ -53,7 +53,7 @@ impl PromptView {
             prompt_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
             tokens_per_key: block_size,
             tokenization: path,
-            limitation: (path != TokenizationPath::TokenizationLocal).then_some(DegradedReason::TokenizerUnavailable),
+            limitation: (path != TokenizationPath::TokenizationLocal).then_some(DegradedReason::DegradedTokenizerUnavailable),
         }
     }
 
@@ -67,7 +67,7 @@ impl PromptView {
             prompt_tokens: req.prompt_tokens.max(keyed_tokens),
             tokens_per_key: block_size,
             tokenization: TokenizationPath::TokenizationExactTokenIds,
-            limitation: mismatch.then_some(DegradedReason::BlockSizeMismatch),
+            limitation: mismatch.then_some(DegradedReason::DegradedBlockSizeMismatch),
         }
     }
 }
@@ -91,7 +91,7 @@ mod tests {
         let req = PickRequest { token_keys: vec![1, 2], block_size: 32, prompt_tokens: 64, ..Default::default() };
         let p = PromptView::new(&req, 16, 256);
         assert!(p.keys.is_empty());
-        assert_eq!(p.limitation, Some(DegradedReason::BlockSizeMismatch));
+        assert_eq!(p.limitation, Some(DegradedReason::DegradedBlockSizeMismatch));
     }
 
     #[test]
@@ -101,7 +101,7 @@ mod tests {
         assert!(!p.exact);
         assert_eq!((p.prompt_tokens, p.tokens_per_key), (150, 64));
         assert_eq!(p.tokenization, TokenizationPath::TokenizationTextChunks);
-        assert_eq!(p.limitation, Some(DegradedReason::TokenizerUnavailable));
+        assert_eq!(p.limitation, Some(DegradedReason::DegradedTokenizerUnavailable));
         let tiny = PickRequest { chat_json: "[]".into(), ..Default::default() };
         assert_eq!(PromptView::new(&tiny, 16, 256).tokenization, TokenizationPath::TokenizationNone);
     }

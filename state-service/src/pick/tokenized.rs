@@ -2,8 +2,12 @@
 //! [`crate::tokenize`]) so kvroute matches their blocks exactly, then decided like token-id
 //! prompts. Only the kvroute policy tokenizes: the baselines either ignore keys or, like
 //! `approx_prefix`, are defined by text chunks.
+//!
+//! Tokenizing needs only the model's static facts (its base model's tokenizer, block size,
+//! a worker to ask); the decision's snapshot of load and health is taken after it, so a
+//! slow tokenization never decides on load that is milliseconds old.
 
-use super::{pick_with, PromptView};
+use super::{decide, finish, PromptView};
 use crate::score::Policy;
 use crate::state::AppState;
 use crate::tokenize::wants_tokens;
@@ -12,19 +16,21 @@ use kvroute_core::wire::{PickRequest, PickResponse};
 
 /// Decides where `req` goes, tokenizing its prompt when that can make the match exact.
 pub async fn pick(state: &AppState, req: &PickRequest) -> PickResponse {
-    if *state.policy.read() != Policy::Kvroute || !wants_tokens(req) {
-        return pick_with(state, req, None);
-    }
-    let workers: Vec<_> = state.registry.read().for_model(&req.model).into_iter().filter(|w| w.load.lock().healthy).collect();
-    let Some(block_size) = workers.first().map(|w| w.block_size) else {
-        // Unknown model or no healthy worker: the sync path answers the fallback.
-        return pick_with(state, req, None);
+    let started = std::time::Instant::now();
+    let policy = state.policy();
+    let prompt = match policy {
+        Policy::Kvroute if wants_tokens(req) => exact_prompt(state, req).await,
+        _ => None,
     };
-    let Some(exact) = state.tokenization.exact_ids(&state.metrics, req, &workers).await else {
-        return pick_with(state, req, None);
-    };
-    let root = KeyRoot::new(&req.model, &req.lora_name, &req.cache_salt);
-    let keys = token_block_keys(&root, &exact.ids, block_size as usize);
-    let view = PromptView::from_ids(keys, exact.ids.len(), block_size, exact.path);
-    pick_with(state, req, Some(view))
+    let view = state.fleet.model_view(&req.model);
+    finish(state, policy, started, decide(state, policy, req, view, prompt))
+}
+
+async fn exact_prompt(state: &AppState, req: &PickRequest) -> Option<PromptView> {
+    let target = state.fleet.tokenize_target(&req.model)?;
+    let exact = state.tokenization.exact_ids(&state.metrics, req, &target).await?;
+    // Rooted at the request's model: the adapter's name for a LoRA request, as vLLM roots it.
+    let root = KeyRoot::new(&req.model, &req.cache_salt);
+    let keys = token_block_keys(&root, &exact.ids, target.block_size as usize);
+    Some(PromptView::from_ids(keys, exact.ids.len(), target.block_size, exact.path))
 }

@@ -20,7 +20,7 @@ const PRIOR_WEIGHT: f64 = 1.0;
 pub const PRIOR_FACTOR: f64 = 10.0;
 
 /// Serializable so the Redis store can keep the latest fit for warm starts.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     prior_overhead: f64,
     prior_per_token: f64,

@@ -10,6 +10,7 @@
 //! an idle worker (which recomputes it). Sending it to the idle worker wastes a whole prefill
 //! and scatters the group; keeping it costs at most `tolerance` of its TTFT.
 
+use super::Policy;
 use rand::Rng;
 
 /// Scores closer than this (milliseconds for TTFT) are a tie.
@@ -62,6 +63,42 @@ pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Timed], tolerance: f64, rng: 
     pick_min(&scored, rng)
 }
 
+/// What a policy sees of one candidate worker.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    pub ttft_ms: f64,
+    /// Leading prompt blocks it holds (KV index or speculative credit, or learned text
+    /// chunks when the prompt has no exact keys).
+    pub matched_blocks: u32,
+    /// Leading keys learned routing sent to it (what a router without KV events knows).
+    pub learned_blocks: u32,
+    /// Requests queued or running there.
+    pub load: u64,
+}
+
+/// Index into `candidates` (non-empty; 0 otherwise) of the worker `policy` takes. `ticket`
+/// is this pick's round-robin number; `tolerance` is kvroute's affinity tolerance. A pure
+/// function of its arguments and the rng's state: the one place policies differ.
+pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], tolerance: f64, ticket: u64, rng: &mut R) -> usize {
+    let n = candidates.len();
+    if n == 0 {
+        return 0;
+    }
+    let by = |score: &dyn Fn(&Choice) -> f64| -> Vec<Scored> { candidates.iter().map(|c| Scored { score: score(c), load: c.load }).collect() };
+    let picked = match policy {
+        Policy::Random => Some(rng.gen_range(0..n)),
+        Policy::RoundRobin => Some((ticket % n as u64) as usize),
+        Policy::LeastLoaded => pick_min(&by(&|c| c.load as f64), rng),
+        // Learned routing only, never the KV index: the baseline of routers without KV events.
+        Policy::ApproxPrefix => pick_min(&by(&|c| -f64::from(c.learned_blocks)), rng),
+        Policy::Kvroute => {
+            let timed: Vec<Timed> = candidates.iter().map(|c| Timed { ttft_ms: c.ttft_ms, matched_blocks: c.matched_blocks, load: c.load }).collect();
+            pick_fastest(&timed, tolerance, rng)
+        }
+    };
+    picked.unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +144,31 @@ mod tests {
         let a: Vec<_> = (0..16).map({ let mut r = StdRng::seed_from_u64(9); move |_| pick_min(&c, &mut r) }).collect();
         let b: Vec<_> = (0..16).map({ let mut r = StdRng::seed_from_u64(9); move |_| pick_min(&c, &mut r) }).collect();
         assert_eq!(a, b);
+    }
+
+    fn c(ttft_ms: f64, matched_blocks: u32, learned_blocks: u32, load: u64) -> Choice {
+        Choice { ttft_ms, matched_blocks, learned_blocks, load }
+    }
+
+    #[test]
+    fn each_policy_reads_only_its_own_signal() {
+        let mut rng = StdRng::seed_from_u64(7);
+        // 0: fastest; 1: most learned; 2: least loaded.
+        let cands = [c(10.0, 0, 0, 5), c(50.0, 0, 9, 5), c(90.0, 0, 0, 1)];
+        assert_eq!(choose(Policy::Kvroute, &cands, 0.3, 0, &mut rng), 0);
+        assert_eq!(choose(Policy::ApproxPrefix, &cands, 0.3, 0, &mut rng), 1);
+        assert_eq!(choose(Policy::LeastLoaded, &cands, 0.3, 0, &mut rng), 2);
+        let rr: Vec<usize> = (0..6).map(|t| choose(Policy::RoundRobin, &cands, 0.3, t, &mut rng)).collect();
+        assert_eq!(rr, vec![0, 1, 2, 0, 1, 2]);
+        let random: BTreeSet<usize> = (0..64).map(|_| choose(Policy::Random, &cands, 0.3, 0, &mut rng)).collect();
+        assert_eq!(random.len(), 3);
+        assert_eq!(choose(Policy::Kvroute, &[], 0.3, 0, &mut rng), 0);
+    }
+
+    #[test]
+    fn the_same_rng_state_gives_the_same_choice() {
+        let cands = [c(10.0, 1, 0, 0), c(10.0, 1, 0, 0), c(10.0, 1, 0, 0)];
+        let run = |seed| (0..16).map(|_| choose(Policy::Kvroute, &cands, 0.3, 0, &mut StdRng::seed_from_u64(seed))).collect::<Vec<_>>();
+        assert_eq!(run(3), run(3));
     }
 }

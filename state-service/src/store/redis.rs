@@ -26,15 +26,12 @@ pub mod wire;
 pub use mirror::{Mirror, MirrorKey, MirroredIndex};
 pub use stats::StoreStats;
 
-use super::{RedisConfig, ReportEvent, ShareError, SharedStore, StoreFuture};
-use crate::assign::Assignment;
+use super::{Inbound, RedisConfig, ShareError, SharedStore, StoreFuture};
 use crate::config::{Config, WorkerConfig};
+use crate::fleet::{Applied, FleetEvent, WorkerEntry};
 use crate::ingest::IngestStats;
-use crate::registry::{RegistryError, WorkerEntry};
-use crate::state::AddWorkerError;
 use crate::score::Calibration;
-use crate::state::AppState;
-use crate::types::BlockKey;
+use crate::types::WorkerId;
 use parking_lot::Mutex;
 use rand::Rng;
 use replicate::Op;
@@ -79,6 +76,8 @@ pub struct RedisStore {
     warm: Mutex<WarmStart>,
     /// Ids of the workers registered at runtime (here or on another replica).
     shared: Mutex<HashSet<String>>,
+    /// Ids of this replica's config workers: a shared worker of the same id never replaces one.
+    config_workers: HashSet<String>,
     me: OnceLock<std::sync::Weak<RedisStore>>,
     salt: u64,
 }
@@ -105,6 +104,7 @@ impl RedisStore {
             pending_rx: Mutex::new(Some(rx)),
             warm: Mutex::new(WarmStart::default()),
             shared: Mutex::new(HashSet::new()),
+            config_workers: config.workers.iter().map(|w| w.id.clone()).collect(),
             me: OnceLock::new(),
             config: rc,
         });
@@ -205,40 +205,22 @@ impl RedisStore {
         self.shared.lock().iter().filter(|id| self.shards.owner(&self.worker_key(id)) == shard).cloned().collect()
     }
 
-    fn is_config_worker(state: &AppState, id: &str) -> bool {
-        state.config.workers.iter().any(|w| w.id == id)
-    }
-
-    /// Registers a worker another replica registered (or found stored), unless this replica
-    /// knows the id already. A config worker of the same id stays this replica's own.
-    fn adopt_worker(&self, state: &AppState, worker: WorkerConfig) {
-        if Self::is_config_worker(state, &worker.id) {
+    /// Offers a worker another replica registered (or found stored) to this replica, unless
+    /// a config worker of the same id is this replica's own.
+    fn adopt_worker(&self, inbound: &Inbound, worker: WorkerConfig) {
+        if self.config_workers.contains(&worker.id) {
             return;
         }
         self.shared.lock().insert(worker.id.clone());
-        if state.registry.read().get(&worker.id).is_some() {
-            return;
-        }
-        let id = worker.id.clone();
-        match state.add_worker(worker) {
-            Ok(_) => tracing::info!(worker = %id, "worker registered by another replica"),
-            // Registered meanwhile (by this replica's admin API): it stays shared.
-            Err(AddWorkerError::Registry(RegistryError::Duplicate(_))) => {}
-            Err(e) => {
-                self.shared.lock().remove(&id);
-                tracing::warn!(worker = %id, error = %e, "shared worker rejected here");
-            }
-        }
+        let _ = inbound.send(FleetEvent::WorkerAdded(Box::new(worker)));
     }
 
     /// Removes a shared worker another replica removed; never a config worker.
-    fn drop_worker(&self, state: &AppState, id: &str) {
-        if !self.shared.lock().remove(id) || Self::is_config_worker(state, id) {
+    fn drop_worker(&self, inbound: &Inbound, id: &str) {
+        if !self.shared.lock().remove(id) || self.config_workers.contains(id) {
             return;
         }
-        if state.remove_worker(id) {
-            tracing::info!(worker = %id, "worker removed by another replica");
-        }
+        let _ = inbound.send(FleetEvent::WorkerRemoved(WorkerId::new(id)));
     }
 
     /// Stores a worker registered through the admin API (`SET NX`: the first registration of
@@ -331,22 +313,20 @@ fn unavailable(shard: ShardId, e: StoreError) -> ShareError {
 }
 
 impl SharedStore for RedisStore {
-    fn attach(&self, state: &AppState) {
+    fn attach(&self, inbound: Inbound) {
         let Some(me) = self.arc() else { return };
         let workers = std::mem::take(&mut self.warm.lock().workers);
         for worker in workers {
-            self.adopt_worker(state, worker);
+            self.adopt_worker(&inbound, worker);
         }
-        for (worker, c) in std::mem::take(&mut self.warm.lock().calibrations) {
-            if let Some(w) = state.registry.read().get(&worker) {
-                *w.calibration.lock() = c;
-            }
+        for (worker, calibration) in std::mem::take(&mut self.warm.lock().calibrations) {
+            let _ = inbound.send(FleetEvent::CalibrationRestored { worker: WorkerId::new(&worker), calibration });
         }
         if let Some(rx) = self.pending_rx.lock().take() {
             tokio::spawn(replicate::writer(me.clone(), rx));
         }
         for shard in self.shards.ids() {
-            tokio::spawn(replicate::subscriber(me.clone(), state.clone(), shard));
+            tokio::spawn(replicate::subscriber(me.clone(), inbound.clone(), shard));
         }
         tokio::spawn(me.probe_loop());
     }
@@ -376,31 +356,36 @@ impl SharedStore for RedisStore {
         })
     }
 
-    fn assigned(&self, a: &Assignment, keys: &[BlockKey]) {
-        // Keys travel in the event only: the stored record is for load and calibration.
-        let record = Box::new(Record::new(a, &[], &self.replica));
-        let event = Some(Event::Assigned(Record::new(a, keys, &self.replica)));
-        self.send(Op::Put { record, ttl: self.first_token_ttl, event });
+    fn worker_rejected(&self, id: &str) {
+        self.shared.lock().remove(id);
     }
 
-    fn reported(&self, state: &AppState, a: &Assignment, event: ReportEvent) {
-        let id = a.id;
-        match event {
-            ReportEvent::FirstToken { elapsed_ms } => {
+    fn publish(&self, event: &FleetEvent, applied: &Applied) {
+        match (event, applied) {
+            (FleetEvent::Assigned { assignment: a, credit }, Applied::Assigned) => {
+                // Keys travel in the event only: the stored record is for load and calibration.
+                let record = Box::new(Record::new(a, &[], &self.replica));
+                let event = Some(Event::Assigned(Record::new(a, credit, &self.replica)));
+                self.send(Op::Put { record, ttl: self.first_token_ttl, event });
+            }
+            (FleetEvent::FirstToken { id, elapsed_ms }, Applied::FirstToken { assignment: a, calibration }) => {
                 let record = Box::new(Record::new(a, &[], &self.replica));
                 let remaining = self.assignment_ttl.saturating_sub(a.created_at.elapsed());
-                self.send(Op::Put { record, ttl: remaining, event: Some(Event::FirstToken { id: id.0, elapsed_ms }) });
-                if let Some(w) = state.registry.read().get(a.worker.as_str()) {
-                    if let Ok(json) = serde_json::to_string(&*w.calibration.lock()) {
-                        self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json });
-                    }
+                self.send(Op::Put { record, ttl: remaining, event: Some(Event::FirstToken { id: id.0, elapsed_ms: *elapsed_ms }) });
+                if let Some(json) = calibration.as_ref().and_then(|c| serde_json::to_string(c).ok()) {
+                    self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json });
                 }
             }
-            ReportEvent::Freed => self.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } }),
+            (FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id }, Applied::Freed(_)) => {
+                self.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } });
+            }
+            // Workers are shared by the admin call itself (`share_worker`), before it answers;
+            // a restored calibration came from the store.
+            _ => {}
         }
     }
 
-    fn engine_started(&self, state: &AppState, worker: &Arc<WorkerEntry>, rank: u32, stats: &Arc<IngestStats>) -> Option<u64> {
+    fn engine_started(&self, worker: &Arc<WorkerEntry>, rank: u32, stats: &Arc<IngestStats>) -> Option<u64> {
         let me = self.arc()?;
         let slot = worker.engines.iter().find(|e| e.rank == rank)?.slot;
         let warm = self.warm.lock().mirrors.remove(&(worker.id.to_string(), rank));
@@ -412,7 +397,6 @@ impl SharedStore for RedisStore {
             }
             m.seq
         });
-        let _ = state;
         let engine = lease::EngineMirror {
             slot,
             lease_key: format!("{}:lease:{}:{rank}", self.config.key_prefix, worker.id),

@@ -34,7 +34,7 @@ fn sorted_counts(workers: &[String]) -> Vec<usize> {
 }
 
 fn seen(state: &AppState, id: u64) -> bool {
-    state.assignments.lock().contains(AssignmentId(id))
+    state.fleet.assignments().contains(AssignmentId(id))
 }
 
 /// Burst request `i`: a 64-block prefix all share, then 64 blocks of its own (a long shared
@@ -79,15 +79,15 @@ fn burst_spreads_like_one_instance_and_follow_ups_stick() {
     }
     assert_eq!(sorted_counts(&got), sorted_counts(&expected), "two replicas {got:?} vs one instance {expected:?}");
     for r in &replicas {
-        assert_eq!(r.state.assignments.lock().len(), BURST, "each replica accounts for the whole burst");
+        assert_eq!(r.state.fleet.assignments().len(), BURST, "each replica accounts for the whole burst");
     }
 
     // Reports on either replica free the burst's assignments on both.
-    let ids: Vec<u64> = replicas[0].state.assignments.lock().iter().map(|a| a.id.0).collect();
+    let ids: Vec<u64> = replicas[0].state.fleet.assignments().iter().map(|a| a.id.0).collect();
     let reports: Vec<_> = ids.iter().map(|id| json!({ "assignment_id": id, "kind": 3 })).collect();
     let (status, _) = post_json(&rt, &replicas[1].url("/v1/report"), json!({ "reports": reports }));
     assert_eq!(status, 204);
-    wait_until("frees to replicate", || replicas.iter().all(|r| r.state.assignments.lock().is_empty()));
+    wait_until("frees to replicate", || replicas.iter().all(|r| r.state.fleet.assignments().is_empty()));
 
     // Conversations: turn 1 on one replica (completed there), turn 2 (same prefix, longer)
     // on the other.
@@ -97,12 +97,12 @@ fn burst_spreads_like_one_instance_and_follow_ups_stick() {
         let id = t1["assignment_id"].as_u64().expect("id");
         let (status, _) = post_json(&rt, &replicas[a].url("/v1/report"), json!({ "reports": [{ "assignment_id": id, "kind": 3 }] }));
         assert_eq!(status, 204);
-        wait_until("turn 1 to replicate and complete", || replicas.iter().all(|r| r.state.assignments.lock().is_empty()));
+        wait_until("turn 1 to replicate and complete", || replicas.iter().all(|r| r.state.fleet.assignments().is_empty()));
         let (_, t2) = post_json(&rt, &replicas[b].url("/v1/pick"), pick_body(&keys(conv, 56)));
         assert_eq!(t2["worker_id"], t1["worker_id"], "conversation {conv}: turn 2 {t2} vs turn 1 {t1}");
         assert_eq!(t2["matched_blocks"], 48);
         let id = t2["assignment_id"].as_u64().expect("id");
         post_json(&rt, &replicas[b].url("/v1/report"), json!({ "reports": [{ "assignment_id": id, "kind": 3 }] }));
-        wait_until("turn 2 to complete everywhere", || replicas.iter().all(|r| r.state.assignments.lock().is_empty()));
+        wait_until("turn 2 to complete everywhere", || replicas.iter().all(|r| r.state.fleet.assignments().is_empty()));
     }
 }

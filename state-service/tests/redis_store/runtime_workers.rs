@@ -18,7 +18,7 @@ fn admin(rt: &tokio::runtime::Runtime, method: reqwest::Method, url: String, bod
 }
 
 fn has(r: &Replica, id: &str) -> bool {
-    r.state.registry.read().get(id).is_some()
+    r.state.fleet.worker(id).is_some()
 }
 
 #[test]

@@ -132,7 +132,7 @@ impl Replica {
     }
 
     pub fn slot(&self, worker: &str) -> EngineSlot {
-        self.state.registry.read().get(worker).expect("worker").engines[0].slot
+        self.state.fleet.worker(worker).expect("worker").engines[0].slot
     }
 
     /// Engine hashes `worker` holds in this replica's index, sorted.

@@ -16,7 +16,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>, tie
 }
 
 fn keys(n: u32) -> Vec<BlockKey> {
-    token_block_keys(&KeyRoot::new(M, "", ""), &(0..n).collect::<Vec<_>>(), 4)
+    token_block_keys(&KeyRoot::new(M, ""), &(0..n).collect::<Vec<_>>(), 4)
 }
 
 fn matches(idx: &MemoryIndex, keys: &[BlockKey]) -> Vec<(u32, u32)> {
@@ -91,7 +91,7 @@ fn lora_and_salt_select_the_root() {
         tier: Tier::Gpu,
     };
     idx.apply(EngineSlot(0), M, 4, &[ev]);
-    let want = token_block_keys(&KeyRoot::new("sql", "", "tenant"), &[0, 1, 2, 3], 4);
+    let want = token_block_keys(&KeyRoot::new("sql", "tenant"), &[0, 1, 2, 3], 4);
     assert_eq!(matches(&idx, &want), vec![(0, 1)]);
     assert!(idx.match_prefix(&keys(4)).is_empty());
 }

@@ -112,7 +112,7 @@ struct Prompt {
 
 impl Prompt {
     fn keys(&self) -> Vec<BlockKey> {
-        let root = KeyRoot::new(self.lora.as_deref().unwrap_or(MODEL), "", self.salt.as_deref().unwrap_or(""));
+        let root = KeyRoot::new(self.lora.as_deref().unwrap_or(MODEL), self.salt.as_deref().unwrap_or(""));
         token_block_keys(&root, &self.tokens, BS as usize)
     }
 

@@ -7,17 +7,18 @@
 //! shard marked down are dropped and counted at once, so a dead shard never backs the queue
 //! up behind its timeouts.
 //!
-//! In: one subscriber task per shard applies other replicas' events to the local
-//! assignment table, speculative credit, calibration and worker registry. On every
-//! (re)subscription it first loads the shard's runtime-registered workers and live
-//! assignment records (SCAN), so a starting replica, or one that missed messages while a
-//! shard was away, catches up.
+//! In: one subscriber task per shard turns other replicas' events into [`FleetEvent`]s and
+//! sends them to the service (`Inbound`), which applies them to its fleet exactly like its
+//! own. On every (re)subscription it first loads the shard's runtime-registered workers and
+//! live assignment records (SCAN), so a starting replica, or one that missed messages while a
+//! shard was away, catches up; applying a known assignment again changes nothing.
 
 use super::shards::ShardId;
 use super::wire::{Event, Message, Record};
 use super::{RedisStore, StoreStats};
-use crate::assign::{AssignmentId, ReportOutcome};
-use crate::state::AppState;
+use crate::assign::AssignmentId;
+use crate::fleet::{FleetEvent, Usage};
+use crate::store::Inbound;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -70,10 +71,10 @@ pub async fn writer(store: Arc<RedisStore>, mut rx: mpsc::Receiver<Op>) {
 }
 
 /// Subscribes to `shard`'s event channel for as long as the state lives, reconnecting.
-pub async fn subscriber(store: Arc<RedisStore>, state: AppState, shard: ShardId) {
+pub async fn subscriber(store: Arc<RedisStore>, inbound: Inbound, shard: ShardId) {
     let retry = Duration::from_millis(store.config.probe_interval_ms.max(10));
-    loop {
-        if let Err(e) = subscribe_once(&store, &state, shard).await {
+    while !inbound.is_closed() {
+        if let Err(e) = subscribe_once(&store, &inbound, shard).await {
             tracing::debug!(error = %e, shard = %store.shards.node(shard).url, "event subscription lost");
         }
         store.shards.mark_down(shard);
@@ -81,12 +82,12 @@ pub async fn subscriber(store: Arc<RedisStore>, state: AppState, shard: ShardId)
     }
 }
 
-async fn subscribe_once(store: &RedisStore, state: &AppState, shard: ShardId) -> Result<(), super::StoreError> {
+async fn subscribe_once(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result<(), super::StoreError> {
     let timeout = store.shards.timeout();
     let client = store.shards.client(shard);
     let mut pubsub = tokio::time::timeout(timeout, client.get_async_pubsub()).await.map_err(|_| super::StoreError::Timeout(timeout))??;
     tokio::time::timeout(timeout, pubsub.subscribe(&store.channel)).await.map_err(|_| super::StoreError::Timeout(timeout))??;
-    let loaded = resync(store, state, shard).await?;
+    let loaded = resync(store, inbound, shard).await?;
     store.stats.resyncs.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(shard = %store.shards.node(shard).url, loaded, "subscribed to replica events");
     let mut messages = pubsub.on_message();
@@ -100,7 +101,7 @@ async fn subscribe_once(store: &RedisStore, state: &AppState, shard: ShardId) ->
             continue;
         }
         match serde_json::from_slice::<Message>(&payload[split + 1..]) {
-            Ok(m) => apply(store, state, m.event),
+            Ok(m) => receive(store, inbound, m.event),
             Err(_) => {
                 store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
             }
@@ -109,23 +110,27 @@ async fn subscribe_once(store: &RedisStore, state: &AppState, shard: ShardId) ->
     Ok(())
 }
 
-/// Loads every live assignment record of `shard` that the local table lacks, and brings the
-/// runtime-registered workers whose keys live there up to date.
-async fn resync(store: &RedisStore, state: &AppState, shard: ShardId) -> Result<usize, super::StoreError> {
+/// Loads every live assignment record of `shard` (the fleet skips those it knows), and
+/// brings the runtime-registered workers whose keys live there up to date.
+async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result<usize, super::StoreError> {
     // Known before the scan: a worker shared after this point may be missing from it.
     let known = store.shared_on(shard);
     let workers = store.load_workers(shard).await?;
     let here: Vec<String> = workers.iter().map(|w| w.id.clone()).collect();
     for gone in known.into_iter().filter(|id| !here.contains(id)) {
-        store.drop_worker(state, &gone);
+        store.drop_worker(inbound, &gone);
     }
     for worker in workers {
-        store.adopt_worker(state, worker);
+        store.adopt_worker(inbound, worker);
     }
     let mut loaded = 0;
+    let now = Instant::now();
     for value in store.scan_values(shard, &format!("{}:asg:*", store.config.key_prefix)).await? {
         match serde_json::from_slice::<Record>(&value) {
-            Ok(r) if r.replica != store.replica => loaded += usize::from(insert(state, &r, false)),
+            Ok(r) if r.replica != store.replica => {
+                loaded += 1;
+                let _ = inbound.send(FleetEvent::Assigned { assignment: r.assignment(now), credit: Vec::new() });
+            }
             Ok(_) => {}
             Err(_) => {
                 store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -135,49 +140,18 @@ async fn resync(store: &RedisStore, state: &AppState, shard: ShardId) -> Result<
     Ok(loaded)
 }
 
-/// Applies another replica's event to local state.
-pub fn apply(store: &RedisStore, state: &AppState, event: Event) {
+/// Turns another replica's event into the fleet event it stands for.
+pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
     store.stats.received.fetch_add(1, Ordering::Relaxed);
-    match event {
-        Event::Assigned(r) => {
-            insert(state, &r, true);
-        }
-        Event::FirstToken { id, elapsed_ms } => {
-            let outcome = state.assignments.lock().first_token(AssignmentId(id), Instant::now());
-            if let ReportOutcome::FirstToken(a) = outcome {
-                if elapsed_ms.is_finite() && elapsed_ms > 0.0 {
-                    if let Some(worker) = state.registry.read().get(a.worker.as_str()) {
-                        worker.calibration.lock().observe(&a.features, elapsed_ms);
-                    }
-                }
-            }
-        }
-        Event::Freed { id } => {
-            state.assignments.lock().finish(AssignmentId(id));
-            state.update_in_flight();
-        }
-        Event::WorkerAdded(worker) => store.adopt_worker(state, *worker),
-        Event::WorkerRemoved { id } => store.drop_worker(state, &id),
-    }
-}
-
-/// Inserts a remote assignment unless it is known; `credit` also gives its worker the
-/// speculative credit the pick gave it on the other replica.
-fn insert(state: &AppState, r: &Record, credit: bool) -> bool {
-    let now = Instant::now();
-    let a = r.assignment(now);
-    {
-        let mut table = state.assignments.lock();
-        if table.contains(a.id) {
-            return false;
-        }
-        table.insert(a.clone());
-    }
-    if credit && !r.keys.is_empty() {
-        state.speculative.lock().credit(&r.keys(), &a.worker, now);
-    }
-    state.update_in_flight();
-    true
+    let event = match event {
+        Event::Assigned(r) => FleetEvent::Assigned { assignment: r.assignment(Instant::now()), credit: r.keys() },
+        Event::FirstToken { id, elapsed_ms } => FleetEvent::FirstToken { id: AssignmentId(id), elapsed_ms },
+        // Completion and cancellation free alike; the usage was observed where it was reported.
+        Event::Freed { id } => FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() },
+        Event::WorkerAdded(worker) => return store.adopt_worker(inbound, *worker),
+        Event::WorkerRemoved { id } => return store.drop_worker(inbound, &id),
+    };
+    let _ = inbound.send(event);
 }
 
 impl StoreStats {

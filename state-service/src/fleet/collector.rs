@@ -1,10 +1,7 @@
 //! Scrape-time metrics of the fleet: per-worker load and health, per-engine index size and
 //! KV-event feed counters. Read from the live state on every scrape.
 
-use crate::assign::Assignments;
-use crate::index::KvIndex;
-use crate::registry::{Engine, Registry, WorkerEntry};
-use parking_lot::{Mutex, RwLock};
+use super::{Engine, FeedSnapshot, Fleet, WorkerEntry};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -13,11 +10,8 @@ use prometheus_client::metrics::MetricType;
 use std::fmt;
 use std::sync::Arc;
 
-pub struct FleetCollector {
-    pub registry: Arc<RwLock<Registry>>,
-    pub index: Arc<dyn KvIndex>,
-    pub assignments: Arc<Mutex<Assignments>>,
-}
+/// Registered once with the service's metrics; reads the fleet on every scrape.
+pub struct FleetCollector(pub Arc<Fleet>);
 
 impl fmt::Debug for FleetCollector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -62,12 +56,8 @@ fn counter<L: EncodeLabelSet>(enc: &mut DescriptorEncoder, name: &str, help: &st
 }
 
 impl FleetCollector {
-    fn workers(&self) -> Vec<Arc<WorkerEntry>> {
-        self.registry.read().all()
-    }
-
     fn encode_workers(&self, enc: &mut DescriptorEncoder, workers: &[Arc<WorkerEntry>]) -> fmt::Result {
-        let assignments = self.assignments.lock();
+        let assignments = self.0.assignments();
         let per = |f: &dyn Fn(&WorkerEntry) -> f64| -> Values<WorkerLabel> {
             workers.iter().map(|w| (WorkerLabel { worker: w.id.to_string() }, f(w))).collect()
         };
@@ -90,13 +80,13 @@ impl FleetCollector {
         let engines: Vec<(&WorkerEntry, &Engine)> = workers.iter().flat_map(|w| w.engines.iter().map(move |e| (&**w, e))).collect();
         let label = |w: &WorkerEntry, e: &Engine| EngineLabel { worker: w.id.to_string(), rank: e.rank };
         let blocks: Values<EngineLabel> =
-            engines.iter().map(|(w, e)| (label(w, e), self.index.engine_blocks(e.slot) as f64)).collect();
+            engines.iter().map(|(w, e)| (label(w, e), self.0.index().engine_blocks(e.slot) as f64)).collect();
         gauge(enc, "index_blocks", "Blocks indexed per engine", &blocks)?;
         let feeds: Vec<_> = engines
             .iter()
             .filter_map(|(w, e)| e.feed.lock().as_ref().map(|f| (label(w, e), f.snapshot())))
             .collect();
-        let kinds = |f: &dyn Fn(&crate::registry::FeedSnapshot) -> Vec<(&'static str, u64)>| -> Vec<(EngineKindLabel, u64)> {
+        let kinds = |f: &dyn Fn(&FeedSnapshot) -> Vec<(&'static str, u64)>| -> Vec<(EngineKindLabel, u64)> {
             feeds
                 .iter()
                 .flat_map(|(l, s)| f(s).into_iter().map(|(kind, v)| (EngineKindLabel { worker: l.worker.clone(), rank: l.rank, kind }, v)))
@@ -105,7 +95,7 @@ impl FleetCollector {
         let applied = kinds(&|s| vec![("stored", s.events_stored), ("removed", s.events_removed), ("cleared", s.events_cleared)]);
         counter(enc, "events_applied", "KV events applied, by kind", &applied)?;
         counter(enc, "events_rejected", "KV events or blocks rejected, by kind", &kinds(&|s| s.rejected.clone()))?;
-        let each = |f: fn(&crate::registry::FeedSnapshot) -> u64| -> Vec<(EngineLabel, u64)> {
+        let each = |f: fn(&FeedSnapshot) -> u64| -> Vec<(EngineLabel, u64)> {
             feeds.iter().map(|(l, s)| (l.clone(), f(s))).collect()
         };
         counter(enc, "event_batches", "KV event batches received", &each(|s| s.batches))?;
@@ -119,7 +109,7 @@ impl FleetCollector {
 
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
-        let workers = self.workers();
+        let workers = self.0.workers();
         self.encode_workers(&mut encoder, &workers)?;
         self.encode_engines(&mut encoder, &workers)
     }

@@ -6,12 +6,9 @@
 //! Each worker record also carries its mutable runtime state (load, calibration, the tasks
 //! that feed it), so removing a worker drops all of it at once.
 
-pub mod feed;
-
-pub use feed::{FeedSnapshot, FeedStats};
-
+use super::feed::FeedStats;
 use crate::config::WorkerConfig;
-use crate::load::LoadState;
+use crate::load::{LoadState, ScrapeTarget};
 use crate::score::Calibration;
 use crate::types::{EngineSlot, WorkerId};
 use parking_lot::Mutex;
@@ -34,7 +31,8 @@ pub struct WorkerEntry {
     pub config: WorkerConfig,
     pub block_size: u32,
     pub engines: Vec<Engine>,
-    pub load: Mutex<LoadState>,
+    /// Written by the worker's scraper, read by picks.
+    pub load: Arc<Mutex<LoadState>>,
     pub calibration: Mutex<Calibration>,
     /// Background tasks (scraper) aborted when the worker is removed.
     tasks: Mutex<Vec<AbortHandle>>,
@@ -42,9 +40,21 @@ pub struct WorkerEntry {
     guards: Mutex<Vec<Box<dyn Any + Send>>>,
 }
 
+impl std::fmt::Debug for WorkerEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerEntry").field("id", &self.id).field("engines", &self.engines.len()).finish_non_exhaustive()
+    }
+}
+
 impl WorkerEntry {
     pub fn slots(&self) -> impl Iterator<Item = EngineSlot> + '_ {
         self.engines.iter().map(|e| e.slot)
+    }
+
+    /// What the scraper needs of this worker, when it has a metrics URL.
+    pub fn scrape_target(&self) -> Option<ScrapeTarget> {
+        let url = self.config.metrics_url.clone()?;
+        Some(ScrapeTarget { worker: self.id.clone(), url, load: self.load.clone() })
     }
 
     pub fn add_task(&self, task: AbortHandle) {
@@ -108,7 +118,7 @@ impl Registry {
             config,
             block_size,
             engines,
-            load: Mutex::new(LoadState::default()),
+            load: Arc::new(Mutex::new(LoadState::default())),
             calibration: Mutex::new(calibration),
             tasks: Mutex::new(Vec::new()),
             guards: Mutex::new(Vec::new()),
@@ -126,9 +136,9 @@ impl Registry {
         self.workers.get(&WorkerId::new(id)).cloned()
     }
 
-    /// Workers serving `model`, in id order.
+    /// Workers serving `model` (their base model, or one of their LoRA adapters), in id order.
     pub fn for_model(&self, model: &str) -> Vec<Arc<WorkerEntry>> {
-        self.workers.values().filter(|w| w.config.model == model).cloned().collect()
+        self.workers.values().filter(|w| w.config.serves(model)).cloned().collect()
     }
 
     pub fn all(&self) -> Vec<Arc<WorkerEntry>> {
