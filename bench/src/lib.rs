@@ -1,6 +1,6 @@
-//! kvroute-bench: measures whether cache-aware routing pays off, the way
-//! /work/shared/docs/benchmarks.md (section 1) asks — same stack, same seeded workload,
-//! only the state service's policy changes between passes.
+//! kvroute-bench: measures whether cache-aware routing pays off — same stack, same seeded
+//! workload, only the state service's policy changes between passes (bench/README.md says
+//! what each figure means and how to rerun it).
 //!
 //! Module map:
 //! - [`workload`]: seeded workloads (shared-prefix groups, multi-turn sessions, independent

@@ -1,7 +1,7 @@
 //! Decoding vLLM's KV-event payloads (msgpack, as written by msgspec) into [`KvEvent`]s.
 //!
-//! The wire format is in `docs/vllm-kv-events.md`; checked against vLLM 0.33.0's
-//! `vllm/distributed/kv_events.py` and `vllm/v1/core/block_pool.py`:
+//! The wire format, as vLLM 0.33.0 writes it (read from its own source in the `vllm` wheel:
+//! `vllm/distributed/kv_events.py` and `vllm/v1/core/block_pool.py`):
 //! - batch: positional array `[ts, events, data_parallel_rank?, ...]` (trailing extras
 //!   ignored; msgspec omits a `None` rank, so a 2-element batch is valid);
 //! - event: a map tagged by `"type"` (fields by name, unknown keys ignored, omitted fields

@@ -4,7 +4,8 @@
 //! Why threads, not tasks: the `zmq` crate is blocking, and one thread per engine keeps a slow
 //! or replaying engine from delaying the others; the work per batch is microseconds.
 //!
-//! Per message `[topic, seq (u64 BE), payload]` (see `docs/vllm-kv-events.md`):
+//! Per message `[topic, seq (u64 BE), payload]` (vLLM's `ZmqEventPublisher` in
+//! `vllm/distributed/kv_events.py`, 0.33.0):
 //! - in order (or first seen): apply;
 //! - forward jump: replay the missing range from the engine's replay endpoint (bounded by
 //!   `replay_timeout`), then apply the live batch; without a replay endpoint, or if replay

@@ -152,6 +152,31 @@ async fn local_tokenizer_gives_exact_keys_that_match_held_blocks() {
     assert!(m["tokenizer"]["cache"]["hits"].as_u64().unwrap() > 0, "second turn is served from the piece cache: {m}");
 }
 
+/// A chat for a LoRA adapter (its name in `model`, as vLLM takes it) is rendered with the
+/// base model's tokenizer and template, keyed at the adapter's name, and routed only among
+/// the workers that serve the adapter.
+#[tokio::test]
+async fn a_lora_chat_is_tokenized_by_its_base_model_and_keyed_at_the_adapter() {
+    let mut cfg = config(&["a"]);
+    cfg.workers.push(kvroute_state::config::WorkerConfig {
+        endpoint: "127.0.0.1:8101".into(),
+        lora_adapters: vec!["sql-lora".into()],
+        ..kvroute_state::config::WorkerConfig::new("c", "m")
+    });
+    let (app, index) = build(cfg, Some(fixture_dir()));
+    let (mut req, input) = chat_pick(&chat_body());
+    req.model = "sql-lora".into();
+    let (ids, _) = expected(&input);
+    let adapter_keys: Vec<u64> = kvroute_tokenize::block_keys("sql-lora", "", &ids, 16).into_iter().map(|k| k.0).collect();
+    index.hold(EngineSlot(1), &adapter_keys);
+    let resp = pick(&app, &req).await;
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationLocal as i32, "{resp:?}");
+    assert_eq!((resp.worker_id.as_str(), resp.matched_blocks, resp.total_blocks), ("c", adapter_keys.len() as u32, adapter_keys.len() as u32));
+    // The base model's request does not match the adapter's blocks.
+    req.model = "m".into();
+    assert_eq!(pick(&app, &req).await.matched_blocks, 0);
+}
+
 #[tokio::test]
 async fn text_prompts_use_the_local_tokenizer_too() {
     let (app, _) = build(config(&["a"]), Some(fixture_dir()));

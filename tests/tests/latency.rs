@@ -4,7 +4,7 @@
 //! - `added_latency`: sequential small requests straight to a fake worker, through Envoy on a
 //!   pass-through path, and through Envoy on an LLM path (body buffering + parse + pick round
 //!   trip to a fake state service that answers at once) in both routing modes.
-//! - `overhead_vs_round_robin` (docs/benchmarks.md section 2, figures in `tests/LATENCY.md`):
+//! - `overhead_vs_round_robin` (the request-path overhead benchmark; figures in `tests/LATENCY.md`):
 //!   one Envoy with two listeners in front of the same fake workers (answer at once): a plain
 //!   round-robin listener (router only) and the kvroute listener (filter + pick to the REAL
 //!   `kvroute-state`, policy kvroute). 1k / 8k / 32k-token prompts as token ids, as text routed
@@ -75,7 +75,7 @@ async fn real_state_service_pick_latency() -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Overhead on the request path (docs/benchmarks.md section 2).
+// Overhead on the request path (filter vs plain Envoy; tests/LATENCY.md).
 
 use kvroute_e2e::envoy::EnvoyExtra;
 use kvroute_e2e::llm::{decision_field, tokens};
