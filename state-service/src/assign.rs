@@ -44,6 +44,10 @@ pub struct Assignment {
     pub created_at: Instant,
     /// When the first-token report arrived.
     pub first_token_at: Option<Instant>,
+    /// Prompt tokens the pick expects the engine to serve from cache (exact keys only: vLLM
+    /// never counts a prompt's last token as cached, so at most the full blocks before it).
+    /// `None` for approximate picks and for assignments replicated from another replica.
+    pub predicted_cached_tokens: Option<u32>,
 }
 
 /// What a report did.

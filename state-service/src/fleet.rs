@@ -2,17 +2,19 @@
 //! prefill (calibration), what we assigned them and have not heard the end of, and the
 //! short-lived credit a pick gives its worker.
 //!
-//! It changes only through one typed [`FleetEvent`] and [`Fleet::apply`], whether the event
-//! comes from this replica (a pick, a report, the admin API) or from another replica through
-//! the shared store: the calibration branch, the assignment bookkeeping and worker removal
-//! each exist once. Reads are snapshots ([`Fleet::model_view`]) that the pick computes on
-//! without holding any fleet lock. Scraped load is the one exception to "events only": the
-//! scraper writes a worker's own [`LoadState`] cell directly (a fact about the worker, not a
-//! decision to replicate).
+//! What other replicas must agree on changes only through one typed [`FleetEvent`] and
+//! [`Fleet::apply`], whether the event comes from this replica (a pick, a report, the admin
+//! API) or from another replica through the shared store: the calibration branch, the
+//! assignment bookkeeping and worker registration each exist once. Reads are snapshots
+//! ([`Fleet::model_view`]) that the pick computes on without holding any fleet lock. Outside
+//! the events stay what is this replica's own and never replicated: scraped load (the scraper
+//! writes a worker's [`LoadState`] cell), learned text-chunk routes ([`Fleet::learn`]), expiry
+//! ([`Fleet::sweep`]) and the benchmark [`Fleet::reset`]; speculative credit also expires as it
+//! is read.
 //!
 //! Locks are parking_lot mutexes held for microseconds and never across an `.await`. Order,
-//! where more than one is taken: registry, then a worker's own locks, then assignments, then
-//! speculative, then approx.
+//! where more than one is taken: registry, then assignments, then a worker's own locks (load,
+//! calibration); speculative and approx are only ever taken alone.
 
 pub mod collector;
 pub mod event;
@@ -31,7 +33,6 @@ use crate::score::{ApproxMap, Calibration};
 use crate::types::{BlockKey, WorkerId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use prometheus_client::metrics::gauge::Gauge;
-use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,8 +77,6 @@ pub struct ModelView {
     pub block_size: u32,
     /// Some worker serves the model, healthy or not.
     pub known: bool,
-    /// The base model whose tokenizer and chat template render the prompt.
-    pub base_model: String,
 }
 
 /// What tokenizing a prompt for `model` needs: the base model (its tokenizer and chat
@@ -124,7 +123,7 @@ impl Fleet {
         let applied = match event {
             FleetEvent::Assigned { assignment, credit } => self.assign(assignment, credit, now),
             FleetEvent::FirstToken { id, elapsed_ms } => self.first_token(*id, *elapsed_ms, now),
-            FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id } => match self.assignments.lock().finish(*id) {
+            FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id } => match self.table(|t| t.finish(*id)) {
                 ReportOutcome::Freed(a) => Applied::Freed(a),
                 _ => Applied::Unknown,
             },
@@ -141,17 +140,21 @@ impl Fleet {
                 None => Applied::Unknown,
             },
         };
-        self.in_flight.set(self.assignments.lock().len() as i64);
         applied
     }
 
+    /// Runs `f` on the assignment table and keeps `kvroute_assignments_in_flight` equal to its
+    /// size, under the same lock.
+    fn table<R>(&self, f: impl FnOnce(&mut Assignments) -> R) -> R {
+        let mut table = self.assignments.lock();
+        let r = f(&mut table);
+        self.in_flight.set(table.len() as i64);
+        r
+    }
+
     fn assign(&self, assignment: &Assignment, credit: &[BlockKey], now: Instant) -> Applied {
-        {
-            let mut table = self.assignments.lock();
-            if table.contains(assignment.id) {
-                return Applied::Duplicate;
-            }
-            table.insert(assignment.clone());
+        if !self.table(|table| table.insert(assignment.clone())) {
+            return Applied::Duplicate;
         }
         if !credit.is_empty() {
             self.speculative.lock().credit(credit, &assignment.worker, now);
@@ -194,26 +197,31 @@ impl Fleet {
         Ok(entry)
     }
 
-    /// Unregisters a worker and forgets everything learned about it. Its tasks are the
-    /// caller's to stop (they may join threads: not under a fleet lock).
+    /// Unregisters a worker and forgets what picks learned about it. Its feeds are the
+    /// caller's to stop (they may join threads: not under a fleet lock), and only then its
+    /// engines' index entries to clear ([`Fleet::clear_engines`]): a batch ingested between a
+    /// clear and the stop would otherwise stay in the index for good.
     fn remove_worker(&self, id: &WorkerId) -> Option<Arc<WorkerEntry>> {
         let entry = self.registry.write().remove(id.as_str())?;
-        for slot in entry.slots() {
-            self.index.clear_engine(slot);
-        }
-        self.assignments.lock().forget_worker(&entry.id);
+        self.table(|t| t.forget_worker(&entry.id));
         self.speculative.lock().forget_worker(&entry.id);
         self.approx.lock().forget_worker(&entry.id);
         tracing::info!(worker = %entry.id, "worker removed");
         Some(entry)
     }
 
+    /// Drops a removed worker's engines from the index, once its feeds are stopped.
+    pub fn clear_engines(&self, entry: &WorkerEntry) {
+        for slot in entry.slots() {
+            self.index.clear_engine(slot);
+        }
+    }
+
     /// Frees expired assignments and speculative credit; returns (first-token, complete)
     /// expiries for the metrics.
     pub fn sweep(&self, now: Instant) -> (u64, u64) {
-        let expired = self.assignments.lock().expire(now);
+        let expired = self.table(|t| t.expire(now));
         self.speculative.lock().purge(now);
-        self.in_flight.set(self.assignments.lock().len() as i64);
         (expired.first_token, expired.complete)
     }
 
@@ -224,10 +232,9 @@ impl Fleet {
         for worker in self.registry.read().all() {
             worker.calibration.lock().reset();
         }
-        self.assignments.lock().clear();
+        self.table(|t| t.clear());
         self.speculative.lock().clear();
         self.approx.lock().clear();
-        self.in_flight.set(0);
     }
 
     pub fn worker(&self, id: &str) -> Option<Arc<WorkerEntry>> {
@@ -255,14 +262,13 @@ impl Fleet {
     /// assignments and calibration, read under one registry lock and one table lock.
     pub fn model_view(&self, model: &str) -> ModelView {
         let registry = self.registry.read();
-        let serving = registry.for_model(model);
-        let known = !serving.is_empty();
-        let base_model = serving.first().map_or_else(|| model.to_string(), |w| w.config.model.clone());
-        let block_size = serving.first().map_or(0, |w| w.block_size);
+        let (mut known, mut block_size) = (false, 0);
         let table = self.assignments.lock();
-        let workers = serving
-            .into_iter()
+        let workers = registry
+            .serving(model)
             .filter_map(|entry| {
+                known = true;
+                block_size = entry.block_size;
                 let load = {
                     let l: parking_lot::MutexGuard<'_, LoadState> = entry.load.lock();
                     if !l.healthy {
@@ -274,10 +280,10 @@ impl Fleet {
                     let c = entry.calibration.lock();
                     (c.per_token_ms(), c.overhead_ms())
                 };
-                Some(WorkerView { pending: table.pending(&entry.id), load, per_token_ms, overhead_ms, entry })
+                Some(WorkerView { pending: table.pending(&entry.id), load, per_token_ms, overhead_ms, entry: entry.clone() })
             })
             .collect();
-        ModelView { workers, block_size, known, base_model }
+        ModelView { workers, block_size, known }
     }
 
     /// What tokenizing for `model` needs; `None` when no healthy worker serves it (the pick
@@ -291,12 +297,13 @@ impl Fleet {
     /// Leading keys each worker of `view` holds by the KV index (any of its engines) or by
     /// speculative credit, in `view` order.
     pub fn exact_matches(&self, workers: &[WorkerView], keys: &[BlockKey], now: Instant) -> Vec<u32> {
-        let by_engine: HashMap<_, _> = self.index.match_prefix(keys).into_iter().map(|m| (m.engine, m.matched_blocks)).collect();
+        // Engines holding any of the prompt: a short list, scanned rather than hashed.
+        let held = self.index.match_prefix(keys);
         let speculative = self.speculative.lock().matches(keys, now);
         workers
             .iter()
             .map(|w| {
-                let indexed = w.entry.slots().filter_map(|s| by_engine.get(&s).copied()).max().unwrap_or(0);
+                let indexed = held.iter().filter(|m| w.entry.slots().any(|s| s == m.engine)).map(|m| m.matched_blocks).max().unwrap_or(0);
                 let credited = speculative.iter().find(|(id, _)| id == &w.entry.id).map_or(0, |(_, n)| *n);
                 indexed.max(credited)
             })

@@ -14,22 +14,24 @@ pub mod tokenized;
 pub use prompt::PromptView;
 
 use crate::assign::{Assignment, AssignmentId};
-use crate::fleet::{FleetEvent, ModelView, WorkerView};
+use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
 use crate::score::{choose, predict, Choice, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 use rand::RngCore;
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// One healthy worker of the request's model, as every policy sees it.
 pub struct Candidate {
-    pub worker: WorkerView,
+    pub worker: Arc<WorkerEntry>,
     pub load: LoadView,
     /// Leading keys it holds: KV index or speculative credit for exact keys, learned routing
     /// for text chunks.
     pub matched: u32,
-    /// Leading keys learned routing sent to it (equal to `matched` for text chunks).
+    /// Leading keys learned routing sent to it (what approx_prefix routes on; equal to
+    /// `matched` for text chunks, and for policies that never read it).
     pub learned: u32,
     pub prediction: Prediction,
 }
@@ -85,7 +87,7 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
     if !prompt.keys.is_empty() {
         state.metrics.matched_prefix_ratio.observe(f64::from(chosen.matched) / prompt.keys.len() as f64);
     }
-    let entry = &chosen.worker.entry;
+    let entry = &chosen.worker;
     tracing::debug!(request_id = %req.request_id, worker = %entry.id, %policy, matched = chosen.matched,
         predicted_ms = chosen.prediction.ttft_ms, "pick");
     let mut response = PickResponse {
@@ -133,10 +135,14 @@ fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: Degrade
 fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, now: Instant) -> Vec<Candidate> {
     let (matched, learned) = matches(state, policy, &workers, prompt, now);
     let priors = &state.config.priors;
+    // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
+    // realloc) the larger views' buffer.
     workers
-        .into_iter()
-        .zip(matched.into_iter().zip(learned))
-        .map(|(worker, (matched, learned))| {
+        .iter()
+        .enumerate()
+        .map(|(i, worker)| {
+            let matched = matched.get(i).copied().unwrap_or(0);
+            let learned = learned.as_ref().map_or(matched, |l| l.get(i).copied().unwrap_or(0));
             let load = LoadView {
                 running: worker.load.running,
                 waiting: worker.load.waiting,
@@ -153,57 +159,67 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
             };
             let matched_tokens = matched.saturating_mul(prompt.tokens_per_key);
             let prediction = predict(prompt.prompt_tokens, matched_tokens, &load, &cost);
-            Candidate { worker, load, matched, learned, prediction }
+            Candidate { worker: worker.entry.clone(), load, matched, learned, prediction }
         })
         .collect()
 }
 
 /// Per worker (in `workers` order): leading keys held (exact keys: the larger of the KV index
-/// and speculative credit; text chunks: learned routing), and leading keys learned routing
-/// knows. The learned map is read at most once: it is only consulted separately for exact
-/// keys under approx_prefix, which routes on it alone.
-fn matches(state: &AppState, policy: Policy, workers: &[WorkerView], prompt: &PromptView, now: Instant) -> (Vec<u32>, Vec<u32>) {
+/// and speculative credit; text chunks: learned routing), and, where approx_prefix needs it
+/// apart, leading keys learned routing knows (`None`: the same as held; only approx_prefix
+/// reads it). The learned map is read at most once.
+fn matches(state: &AppState, policy: Policy, workers: &[WorkerView], prompt: &PromptView, now: Instant) -> (Vec<u32>, Option<Vec<u32>>) {
     if prompt.keys.is_empty() {
-        return (vec![0; workers.len()], vec![0; workers.len()]);
+        return (vec![0; workers.len()], None);
     }
     if !prompt.exact {
-        let learned = state.fleet.learned_matches(workers, &prompt.keys);
-        return (learned.clone(), learned);
+        return (state.fleet.learned_matches(workers, &prompt.keys), None);
     }
     let exact = state.fleet.exact_matches(workers, &prompt.keys, now);
-    let learned = if policy == Policy::ApproxPrefix { state.fleet.learned_matches(workers, &prompt.keys) } else { vec![0; workers.len()] };
+    let learned = (policy == Policy::ApproxPrefix).then(|| state.fleet.learned_matches(workers, &prompt.keys));
     (exact, learned)
 }
 
 /// Records the decision as a fleet event: kvroute credits the worker with exact keys until
 /// its events arrive; text chunks are remembered by the policies that route on them.
 fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candidate, rng: &mut impl RngCore, now: Instant) -> AssignmentId {
-    let worker = &chosen.worker.entry.id;
+    let worker = &chosen.worker.id;
     let credit = match policy {
         Policy::Kvroute if prompt.exact => prompt.keys.clone(),
         Policy::Kvroute | Policy::ApproxPrefix => {
             state.fleet.learn(&prompt.keys, worker);
-            Vec::new()
+            Arc::from([])
         }
-        _ => Vec::new(),
+        _ => Arc::from([]),
     };
-    let id = AssignmentId(loop {
-        let id = rng.next_u64() ^ state.store.id_salt();
-        if id != 0 {
-            break id;
-        }
+    let predicted_cached_tokens = prompt.exact.then(|| {
+        // vLLM recomputes a fully cached prompt's last token: hits stop at the full blocks
+        // before it.
+        let block = prompt.tokens_per_key.max(1);
+        let cacheable = prompt.prompt_tokens.saturating_sub(1) / block * block;
+        chosen.matched.saturating_mul(block).min(cacheable)
     });
-    let assignment = Assignment {
-        id,
-        worker: worker.clone(),
-        policy,
-        prompt_tokens: prompt.prompt_tokens,
-        uncached_tokens: chosen.prediction.uncached_tokens,
-        predicted_ttft_ms: chosen.prediction.ttft_ms,
-        features: chosen.prediction.features,
-        created_at: now,
-        first_token_at: None,
-    };
-    state.apply(FleetEvent::Assigned { assignment, credit });
-    id
+    loop {
+        let id = AssignmentId(rng.next_u64() ^ state.store.id_salt());
+        if id.0 == 0 {
+            continue;
+        }
+        let assignment = Assignment {
+            id,
+            worker: worker.clone(),
+            policy,
+            prompt_tokens: prompt.prompt_tokens,
+            uncached_tokens: chosen.prediction.uncached_tokens,
+            predicted_ttft_ms: chosen.prediction.ttft_ms,
+            features: chosen.prediction.features,
+            created_at: now,
+            first_token_at: None,
+            predicted_cached_tokens,
+        };
+        // An id already in the table (2^-64 odds, or a replica sharing seed and salt) is
+        // drawn again rather than shadowing a live assignment.
+        if !matches!(state.apply_at(FleetEvent::Assigned { assignment, credit: credit.clone() }, now), Applied::Duplicate) {
+            return id;
+        }
+    }
 }

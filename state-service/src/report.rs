@@ -86,14 +86,14 @@ fn observe(m: &Metrics, report: &Report, applied: &Applied) {
 /// 0 when the index knew exactly what the worker held, negative when it promised blocks the
 /// worker no longer had (evicted before scheduling), positive when the worker had more
 /// (another request warmed it meanwhile). `None` without the usage to compare.
+/// Only exact picks are compared: an approximate pick's token counts are estimates.
 pub fn cache_prediction_error(a: &Assignment, usage: &Usage) -> Option<f64> {
-    let cached = usage.cached_tokens?;
+    let (cached, predicted) = (usage.cached_tokens?, a.predicted_cached_tokens?);
     let prompt = if usage.prompt_tokens > 0 { usage.prompt_tokens } else { a.prompt_tokens };
     if prompt == 0 {
         return None;
     }
-    let predicted = a.prompt_tokens.saturating_sub(a.uncached_tokens).min(prompt);
-    Some((f64::from(cached.min(prompt)) - f64::from(predicted)) / f64::from(prompt))
+    Some((f64::from(cached.min(prompt)) - f64::from(predicted.min(prompt))) / f64::from(prompt))
 }
 
 #[cfg(test)]
@@ -102,17 +102,18 @@ mod tests {
     use crate::score::{Features, Policy};
     use crate::types::WorkerId;
 
-    fn assignment(prompt_tokens: u32, uncached_tokens: u32) -> Assignment {
+    fn assignment(prompt_tokens: u32, predicted_cached: u32) -> Assignment {
         Assignment {
             id: AssignmentId(1),
             worker: WorkerId::new("w"),
             policy: Policy::Kvroute,
             prompt_tokens,
-            uncached_tokens,
+            uncached_tokens: prompt_tokens - predicted_cached,
             predicted_ttft_ms: 1.0,
             features: Features::default(),
             created_at: tokio::time::Instant::now(),
             first_token_at: None,
+            predicted_cached_tokens: Some(predicted_cached),
         }
     }
 
@@ -123,11 +124,13 @@ mod tests {
     #[tokio::test]
     async fn cache_prediction_error_is_signed_and_needs_the_cached_count() {
         // Predicted 64 of 100 cached.
-        let a = assignment(100, 36);
+        let a = assignment(100, 64);
         assert_eq!(cache_prediction_error(&a, &usage(100, Some(64))), Some(0.0));
         assert_eq!(cache_prediction_error(&a, &usage(100, Some(0))), Some(-0.64));
         assert_eq!(cache_prediction_error(&a, &usage(100, Some(96))), Some(0.32));
         assert_eq!(cache_prediction_error(&a, &usage(100, None)), None, "vLLM without --enable-prompt-tokens-details");
         assert_eq!(cache_prediction_error(&assignment(0, 0), &usage(0, Some(0))), None);
+        let approximate = Assignment { predicted_cached_tokens: None, ..a };
+        assert_eq!(cache_prediction_error(&approximate, &usage(100, Some(64))), None, "estimates are not compared");
     }
 }

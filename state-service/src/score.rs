@@ -19,7 +19,7 @@ pub mod selector;
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
 pub use model::{predict, Cost, Features, LoadView, Prediction};
-pub use select::{choose, pick_fastest, pick_min, Choice, Scored, Timed};
+pub use select::{choose, pick_fastest, pick_min, Choice, Scored};
 pub use selector::{PickRng, Selector};
 
 use serde::{Deserialize, Serialize};

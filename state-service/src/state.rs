@@ -124,7 +124,12 @@ impl AppState {
 
     /// Applies a change made on this replica and offers it to the store.
     pub fn apply(&self, event: FleetEvent) -> Applied {
-        let applied = self.fleet.apply(&event, Instant::now());
+        self.apply_at(event, Instant::now())
+    }
+
+    /// [`AppState::apply`] at `now` (a pick already read the clock).
+    pub fn apply_at(&self, event: FleetEvent, now: Instant) -> Applied {
+        let applied = self.fleet.apply(&event, now);
         self.store.publish(&event, &applied);
         applied
     }
@@ -192,6 +197,7 @@ impl AppState {
         match applied {
             Applied::WorkerRemoved(entry) => {
                 entry.stop_tasks();
+                self.fleet.clear_engines(&entry);
                 true
             }
             _ => false,

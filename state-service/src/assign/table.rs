@@ -1,6 +1,7 @@
 //! The assignment table and its per-worker totals.
 
 use super::{Assignment, AssignmentId, ReportOutcome};
+use crate::hasher::SeededState;
 use crate::types::WorkerId;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,13 +28,13 @@ pub struct Expired {
 pub struct Assignments {
     ttl: Duration,
     first_token_ttl: Duration,
-    by_id: HashMap<AssignmentId, Assignment>,
-    per_worker: HashMap<WorkerId, Pending>,
+    by_id: HashMap<AssignmentId, Assignment, SeededState>,
+    per_worker: HashMap<WorkerId, Pending, SeededState>,
 }
 
 impl Assignments {
     pub fn new(ttl: Duration, first_token_ttl: Duration) -> Self {
-        Assignments { ttl, first_token_ttl, by_id: HashMap::new(), per_worker: HashMap::new() }
+        Assignments { ttl, first_token_ttl, by_id: HashMap::default(), per_worker: HashMap::default() }
     }
 
     pub fn len(&self) -> usize {
@@ -56,17 +57,18 @@ impl Assignments {
         self.by_id.values()
     }
 
-    pub fn insert(&mut self, a: Assignment) {
+    /// Inserts `a` unless its id is known (a replicated pick seen twice, or an id collision:
+    /// the pick draws another); returns whether it was inserted.
+    pub fn insert(&mut self, a: Assignment) -> bool {
+        let std::collections::hash_map::Entry::Vacant(slot) = self.by_id.entry(a.id) else { return false };
         let p = self.per_worker.entry(a.worker.clone()).or_default();
         p.in_flight += 1;
         if a.first_token_at.is_none() {
             p.waiting += 1;
             p.waiting_tokens += u64::from(a.uncached_tokens);
         }
-        if let Some(old) = self.by_id.insert(a.id, a) {
-            // Ids are random u64s; a collision replaces the old one and must not leak totals.
-            self.untrack(&old);
-        }
+        slot.insert(a);
+        true
     }
 
     pub fn first_token(&mut self, id: AssignmentId, now: Instant) -> ReportOutcome {
@@ -163,6 +165,7 @@ mod tests {
             features: Features::default(),
             created_at: now,
             first_token_at: None,
+            predicted_cached_tokens: None,
         }
     }
 

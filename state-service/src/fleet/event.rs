@@ -22,7 +22,7 @@ pub struct Usage {
 pub enum FleetEvent {
     /// A pick chose `assignment.worker`; `credit` are the keys it is credited with until its
     /// KV events arrive (empty when the pick had no exact keys or the policy gives none).
-    Assigned { assignment: Assignment, credit: Vec<BlockKey> },
+    Assigned { assignment: Assignment, credit: Arc<[BlockKey]> },
     /// The first token arrived `elapsed_ms` after the request was forwarded.
     FirstToken { id: AssignmentId, elapsed_ms: f64 },
     Completed { id: AssignmentId, usage: Usage },

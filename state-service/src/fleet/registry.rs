@@ -83,6 +83,10 @@ pub enum RegistryError {
     Duplicate(String),
     #[error("worker {id:?}: block_size {got} differs from {want} of the other workers of model {model:?}")]
     BlockSize { id: String, model: String, got: u32, want: u32 },
+    /// A name must mean one thing fleet-wide: a base model, or an adapter of one base model
+    /// (its tokenizer, block size and key root follow from that).
+    #[error("worker {id:?}: {name:?} is {conflict}")]
+    ModelName { id: String, name: String, conflict: String },
 }
 
 #[derive(Default)]
@@ -107,6 +111,7 @@ impl Registry {
                 return Err(RegistryError::BlockSize { id: config.id, model: config.model, got: block_size, want });
             }
         }
+        self.check_names(&config)?;
         let engines = (0..config.dp_ranks)
             .map(|rank| {
                 self.next_slot += 1;
@@ -138,7 +143,12 @@ impl Registry {
 
     /// Workers serving `model` (their base model, or one of their LoRA adapters), in id order.
     pub fn for_model(&self, model: &str) -> Vec<Arc<WorkerEntry>> {
-        self.workers.values().filter(|w| w.config.serves(model)).cloned().collect()
+        self.serving(model).cloned().collect()
+    }
+
+    /// [`Registry::for_model`] without collecting.
+    pub fn serving<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Arc<WorkerEntry>> + 'a {
+        self.workers.values().filter(move |w| w.config.serves(model))
     }
 
     pub fn all(&self) -> Vec<Arc<WorkerEntry>> {
@@ -151,6 +161,26 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()
+    }
+
+    /// A new worker's base model must not be another's adapter, and its adapters must not be
+    /// another's base model or another base model's adapter.
+    fn check_names(&self, config: &WorkerConfig) -> Result<(), RegistryError> {
+        let conflict = |name: &str, conflict: String| RegistryError::ModelName { id: config.id.clone(), name: name.to_string(), conflict };
+        for w in self.workers.values() {
+            if w.config.lora_adapters.contains(&config.model) {
+                return Err(conflict(&config.model, format!("a LoRA adapter of worker {:?}", w.id.as_str())));
+            }
+            for adapter in &config.lora_adapters {
+                if w.config.model == *adapter {
+                    return Err(conflict(adapter, format!("the base model of worker {:?}", w.id.as_str())));
+                }
+                if w.config.lora_adapters.contains(adapter) && w.config.model != config.model {
+                    return Err(conflict(adapter, format!("an adapter of {:?} on worker {:?}", w.config.model, w.id.as_str())));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The block size of `model`'s workers, if any is registered.
@@ -177,6 +207,23 @@ mod tests {
         let b = add(&mut r, "b", 1, 16).unwrap();
         assert_eq!(b.slots().collect::<Vec<_>>(), vec![EngineSlot(2)]);
         assert!(r.remove("a").is_none());
+    }
+
+    #[test]
+    fn a_name_is_a_base_model_or_one_base_model_s_adapter() {
+        let mut r = Registry::new();
+        let with = |id: &str, model: &str, adapters: &[&str]| WorkerConfig {
+            lora_adapters: adapters.iter().map(|a| a.to_string()).collect(),
+            ..WorkerConfig::new(id, model)
+        };
+        let cal = || Calibration::new(15.0, 0.1, 512);
+        r.add(with("a", "m", &["sql"]), 16, cal()).unwrap();
+        r.add(with("b", "m", &["sql", "chat"]), 16, cal()).unwrap();
+        for bad in [with("c", "other", &["sql"]), with("d", "sql", &[]), with("e", "other", &["m"])] {
+            assert!(matches!(r.add(bad.clone(), 16, cal()), Err(RegistryError::ModelName { .. })), "{bad:?}");
+        }
+        assert_eq!(r.for_model("sql").len(), 2);
+        assert_eq!(r.for_model("chat").len(), 1);
     }
 
     #[test]

@@ -3,13 +3,15 @@
 
 use kvroute_core::wire::DegradedReason;
 use crate::types::BlockKey;
+use std::sync::Arc;
 use kvroute_core::wire::{PickRequest, TokenizationPath};
 
 /// A request's prompt as the scorer sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PromptView {
     /// Chained keys to match: token block keys when exact, text-chunk keys otherwise.
-    pub keys: Vec<BlockKey>,
+    /// Shared, so recording the pick's credit does not copy them.
+    pub keys: Arc<[BlockKey]>,
     /// True for token block keys (matched against the KV index), false for text chunks.
     pub exact: bool,
     /// Prompt tokens: exact, or estimated from bytes.
@@ -32,7 +34,7 @@ impl PromptView {
             return Self::tokens(req, block_size);
         }
         let bytes = if req.prompt_bytes > 0 { req.prompt_bytes } else { (req.prompt_text.len() + req.chat_json.len()) as u32 };
-        let keys: Vec<BlockKey> = req.text_chunk_keys.iter().map(|k| BlockKey(*k)).collect();
+        let keys: Arc<[BlockKey]> = req.text_chunk_keys.iter().map(|k| BlockKey(*k)).collect();
         let tokenization = if keys.is_empty() { TokenizationPath::TokenizationNone } else { TokenizationPath::TokenizationTextChunks };
         PromptView {
             keys,
@@ -48,7 +50,7 @@ impl PromptView {
     /// Worker-tokenized prompts are exact but degraded: the local tokenizer was unavailable.
     pub fn from_ids(keys: Vec<BlockKey>, tokens: usize, block_size: u32, path: TokenizationPath) -> PromptView {
         PromptView {
-            keys,
+            keys: keys.into(),
             exact: true,
             prompt_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
             tokens_per_key: block_size,
@@ -59,7 +61,7 @@ impl PromptView {
 
     fn tokens(req: &PickRequest, block_size: u32) -> PromptView {
         let mismatch = req.block_size != 0 && req.block_size != block_size;
-        let keys: Vec<BlockKey> = if mismatch { Vec::new() } else { req.token_keys.iter().map(|k| BlockKey(*k)).collect() };
+        let keys: Arc<[BlockKey]> = if mismatch { Arc::from([]) } else { req.token_keys.iter().map(|k| BlockKey(*k)).collect() };
         let keyed_tokens = (req.token_keys.len() as u32).saturating_mul(block_size);
         PromptView {
             keys,

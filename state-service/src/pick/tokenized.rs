@@ -16,12 +16,13 @@ use kvroute_core::wire::{PickRequest, PickResponse};
 
 /// Decides where `req` goes, tokenizing its prompt when that can make the match exact.
 pub async fn pick(state: &AppState, req: &PickRequest) -> PickResponse {
-    let started = std::time::Instant::now();
     let policy = state.policy();
     let prompt = match policy {
         Policy::Kvroute if wants_tokens(req) => exact_prompt(state, req).await,
         _ => None,
     };
+    // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.
+    let started = std::time::Instant::now();
     let view = state.fleet.model_view(&req.model);
     finish(state, policy, started, decide(state, policy, req, view, prompt))
 }

@@ -36,22 +36,13 @@ pub fn pick_min<R: Rng + ?Sized>(candidates: &[Scored], rng: &mut R) -> Option<u
     Some(tied[rng.gen_range(0..tied.len())])
 }
 
-/// A kvroute candidate.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Timed {
-    pub ttft_ms: f64,
-    /// Leading prompt blocks it holds (same prompt for every candidate, so comparable).
-    pub matched_blocks: u32,
-    pub load: u64,
-}
-
 /// Index of the candidate with the lowest predicted TTFT, where every prediction within
 /// `tolerance` (relative, e.g. 0.1 = 10%) of the lowest counts as tied; ties go to the most
 /// matched blocks, then the least load, then random.
-pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Timed], tolerance: f64, rng: &mut R) -> Option<usize> {
+pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Choice], tolerance: f64, rng: &mut R) -> Option<usize> {
     let best = candidates.iter().map(|c| c.ttft_ms).fold(f64::INFINITY, f64::min);
     let limit = best * (1.0 + tolerance.max(0.0)) + TIE_MS;
-    let near = |c: &&Timed| c.ttft_ms <= limit || (best.is_infinite() && c.ttft_ms.is_infinite());
+    let near = |c: &&Choice| c.ttft_ms <= limit || (best.is_infinite() && c.ttft_ms.is_infinite());
     let most_matched = candidates.iter().filter(near).map(|c| c.matched_blocks).max()?;
     let scored: Vec<Scored> = candidates
         .iter()
@@ -91,10 +82,7 @@ pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], tolerance:
         Policy::LeastLoaded => pick_min(&by(&|c| c.load as f64), rng),
         // Learned routing only, never the KV index: the baseline of routers without KV events.
         Policy::ApproxPrefix => pick_min(&by(&|c| -f64::from(c.learned_blocks)), rng),
-        Policy::Kvroute => {
-            let timed: Vec<Timed> = candidates.iter().map(|c| Timed { ttft_ms: c.ttft_ms, matched_blocks: c.matched_blocks, load: c.load }).collect();
-            pick_fastest(&timed, tolerance, rng)
-        }
+        Policy::Kvroute => pick_fastest(candidates, tolerance, rng),
     };
     picked.unwrap_or(0)
 }
@@ -120,8 +108,8 @@ mod tests {
         assert_eq!(seen, BTreeSet::from([0, 2, 3]));
     }
 
-    fn t(ttft_ms: f64, matched_blocks: u32, load: u64) -> Timed {
-        Timed { ttft_ms, matched_blocks, load }
+    fn t(ttft_ms: f64, matched_blocks: u32, load: u64) -> Choice {
+        Choice { ttft_ms, matched_blocks, learned_blocks: 0, load }
     }
 
     #[test]

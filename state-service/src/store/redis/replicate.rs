@@ -129,7 +129,7 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
         match serde_json::from_slice::<Record>(&value) {
             Ok(r) if r.replica != store.replica => {
                 loaded += 1;
-                let _ = inbound.send(FleetEvent::Assigned { assignment: r.assignment(now), credit: Vec::new() });
+                let _ = inbound.send(FleetEvent::Assigned { assignment: r.assignment(now), credit: Arc::from([]) });
             }
             Ok(_) => {}
             Err(_) => {
@@ -144,7 +144,7 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
 pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
     store.stats.received.fetch_add(1, Ordering::Relaxed);
     let event = match event {
-        Event::Assigned(r) => FleetEvent::Assigned { assignment: r.assignment(Instant::now()), credit: r.keys() },
+        Event::Assigned(r) => FleetEvent::Assigned { assignment: r.assignment(Instant::now()), credit: r.keys().into() },
         Event::FirstToken { id, elapsed_ms } => FleetEvent::FirstToken { id: AssignmentId(id), elapsed_ms },
         // Completion and cancellation free alike; the usage was observed where it was reported.
         Event::Freed { id } => FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() },

@@ -90,6 +90,7 @@ impl Record {
             features: Features { steps, tokens, fixed_ms },
             created_at,
             first_token_at: self.first_token.then_some(now),
+            predicted_cached_tokens: None,
         }
     }
 
@@ -115,6 +116,7 @@ mod tests {
             features: Features { steps: 2.0, tokens: 60.0, fixed_ms: 1.0 },
             created_at: now,
             first_token_at: None,
+            predicted_cached_tokens: None,
         };
         let r = Record::new(&a, &[BlockKey(1), BlockKey(u64::MAX)], "r1");
         let m = Message { from: "r1".into(), event: Event::Assigned(r.clone()) };
