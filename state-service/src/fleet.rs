@@ -294,18 +294,28 @@ impl Fleet {
         Some(TokenizeTarget { base_model: first.config.model.clone(), block_size: first.block_size, workers })
     }
 
-    /// Leading keys each worker of `view` holds by the KV index (any of its engines) or by
-    /// speculative credit, in `view` order.
-    pub fn exact_matches(&self, workers: &[WorkerView], keys: &[BlockKey], now: Instant) -> Vec<u32> {
+    /// Leading keys each worker of `view` holds by the KV index (its best engine, any tier)
+    /// or by speculative credit (counted as GPU: the worker is prefilling them), and how
+    /// many of those are on the GPU, in `view` order.
+    pub fn exact_matches(&self, workers: &[WorkerView], keys: &[BlockKey], now: Instant) -> Vec<(u32, u32)> {
         // Engines holding any of the prompt: a short list, scanned rather than hashed.
         let held = self.index.match_prefix(keys);
         let speculative = self.speculative.lock().matches(keys, now);
         workers
             .iter()
             .map(|w| {
-                let indexed = held.iter().filter(|m| w.entry.slots().any(|s| s == m.engine)).map(|m| m.matched_blocks).max().unwrap_or(0);
+                let indexed = held
+                    .iter()
+                    .filter(|m| w.entry.slots().any(|s| s == m.engine))
+                    .map(|m| (m.matched_blocks, m.gpu_blocks))
+                    .max()
+                    .unwrap_or((0, 0));
                 let credited = speculative.iter().find(|(id, _)| id == &w.entry.id).map_or(0, |(_, n)| *n);
-                indexed.max(credited)
+                if credited >= indexed.0 {
+                    (credited, credited)
+                } else {
+                    (indexed.0, indexed.1.max(credited))
+                }
             })
             .collect()
     }

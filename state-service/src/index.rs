@@ -32,7 +32,12 @@ pub struct ApplyStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PrefixMatch {
     pub engine: EngineSlot,
+    /// Leading keys held in any tier (GPU, CPU, storage).
     pub matched_blocks: u32,
+    /// Of those, the leading keys held on the GPU: vLLM's prefix cache hits; the rest up to
+    /// `matched_blocks` would be loaded from the offloading tier (at reload cost) rather
+    /// than recomputed. `gpu_blocks <= matched_blocks`.
+    pub gpu_blocks: u32,
 }
 
 pub trait KvIndex: Send + Sync + 'static {
@@ -44,8 +49,8 @@ pub trait KvIndex: Send + Sync + 'static {
     /// Forgets every block of `engine` (engine restart, sequence reset, AllBlocksCleared).
     fn clear_engine(&self, engine: EngineSlot);
 
-    /// For every engine holding at least the first key, how many leading `keys` it holds
-    /// (any tier). Order unspecified.
+    /// For every engine holding at least the first key, how many leading `keys` it holds in
+    /// any tier, and how many of those leading keys on its GPU. Order unspecified.
     fn match_prefix(&self, keys: &[BlockKey]) -> Vec<PrefixMatch>;
 
     /// Number of blocks `engine` holds.

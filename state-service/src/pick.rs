@@ -16,7 +16,7 @@ pub use prompt::PromptView;
 use crate::assign::{Assignment, AssignmentId};
 use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
-use crate::score::{choose, predict, Choice, Cost, LoadView, Policy, Prediction};
+use crate::score::{choose, predict, Cached, Choice, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 use rand::RngCore;
@@ -133,7 +133,7 @@ fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: Degrade
 }
 
 fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, now: Instant) -> Vec<Candidate> {
-    let (matched, learned) = matches(state, policy, &workers, prompt, now);
+    let held = matches(state, policy, &workers, prompt, now);
     let priors = &state.config.priors;
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
     // realloc) the larger views' buffer.
@@ -141,8 +141,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
         .iter()
         .enumerate()
         .map(|(i, worker)| {
-            let matched = matched.get(i).copied().unwrap_or(0);
-            let learned = learned.as_ref().map_or(matched, |l| l.get(i).copied().unwrap_or(0));
+            let Held { matched, gpu, learned } = held.get(i).copied().unwrap_or_default();
             let load = LoadView {
                 running: worker.load.running,
                 waiting: worker.load.waiting,
@@ -156,28 +155,45 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
                 decode_ms_per_running: priors.decode_ms_per_running,
                 default_request_tokens: priors.default_request_tokens,
                 step_tokens: worker.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens),
+                reload_ms_per_token: worker.entry.config.reload_ms_per_token.unwrap_or(priors.reload_ms_per_token),
             };
-            let matched_tokens = matched.saturating_mul(prompt.tokens_per_key);
-            let prediction = predict(prompt.prompt_tokens, matched_tokens, &load, &cost);
+            let tokens = matched.saturating_mul(prompt.tokens_per_key);
+            let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
+            let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
             Candidate { worker: worker.entry.clone(), load, matched, learned, prediction }
         })
         .collect()
 }
 
-/// Per worker (in `workers` order): leading keys held (exact keys: the larger of the KV index
-/// and speculative credit; text chunks: learned routing), and, where approx_prefix needs it
-/// apart, leading keys learned routing knows (`None`: the same as held; only approx_prefix
-/// reads it). The learned map is read at most once.
-fn matches(state: &AppState, policy: Policy, workers: &[WorkerView], prompt: &PromptView, now: Instant) -> (Vec<u32>, Option<Vec<u32>>) {
+/// What one worker holds of the prompt, in keys.
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    /// Leading keys held: exact keys, the larger of the KV index (any tier) and speculative
+    /// credit; text chunks, learned routing.
+    matched: u32,
+    /// Of those, the leading keys on the GPU (the rest would be reloaded from the CPU tier).
+    gpu: u32,
+    /// Leading keys learned routing knows (what approx_prefix routes on; `matched` unless
+    /// approx_prefix reads it apart for exact keys). The learned map is read at most once.
+    learned: u32,
+}
+
+/// Per worker, in `workers` order.
+fn matches(state: &AppState, policy: Policy, workers: &[WorkerView], prompt: &PromptView, now: Instant) -> Vec<Held> {
     if prompt.keys.is_empty() {
-        return (vec![0; workers.len()], None);
+        return vec![Held::default(); workers.len()];
     }
     if !prompt.exact {
-        return (state.fleet.learned_matches(workers, &prompt.keys), None);
+        let learned = state.fleet.learned_matches(workers, &prompt.keys);
+        return learned.into_iter().map(|n| Held { matched: n, gpu: n, learned: n }).collect();
     }
     let exact = state.fleet.exact_matches(workers, &prompt.keys, now);
     let learned = (policy == Policy::ApproxPrefix).then(|| state.fleet.learned_matches(workers, &prompt.keys));
-    (exact, learned)
+    exact
+        .into_iter()
+        .enumerate()
+        .map(|(i, (matched, gpu))| Held { matched, gpu, learned: learned.as_ref().and_then(|l| l.get(i).copied()).unwrap_or(matched) })
+        .collect()
 }
 
 /// Records the decision as a fleet event: kvroute credits the worker with exact keys until

@@ -18,7 +18,7 @@ pub mod selector;
 
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
-pub use model::{predict, Cost, Features, LoadView, Prediction};
+pub use model::{predict, Cached, Cost, Features, LoadView, Prediction};
 pub use select::{choose, pick_fastest, pick_min, Choice, Scored};
 pub use selector::{PickRng, Selector};
 

@@ -21,5 +21,6 @@ fn memory_index_equals_reference() {
     assert!(t.rejected_unknown_parent > 10 && t.rejected_unknown_hash > 10 && t.rejected_bad_block > 10, "{cov:?}");
     assert!(cov.clear_engine_calls > 10 && cov.nonempty_matches > 1000, "{cov:?}");
     assert!(cov.max_matched >= 4 && cov.max_engines >= 3, "{cov:?}");
+    assert!(cov.split_matches > 100, "offloaded-only blocks inside matches: {cov:?}");
     eprintln!("{cov:?}");
 }

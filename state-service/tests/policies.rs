@@ -38,6 +38,10 @@ fn worker(id: &str) -> WorkerConfig {
 
 /// Engine `slot` stores the blocks of `tokens` as vLLM reports them (one chain, in one event).
 fn store(index: &MemoryIndex, slot: u32, tokens: &[u32], lora_name: Option<&str>) {
+    store_in(index, slot, tokens, lora_name, Tier::Gpu);
+}
+
+fn store_in(index: &MemoryIndex, slot: u32, tokens: &[u32], lora_name: Option<&str>, tier: Tier) {
     let blocks = tokens.len() as u64 / u64::from(BS);
     let hashes = (0..blocks).map(|b| EngineHash(u64::from(slot) << 32 | b)).collect();
     let event = KvEvent::Stored {
@@ -47,7 +51,7 @@ fn store(index: &MemoryIndex, slot: u32, tokens: &[u32], lora_name: Option<&str>
         block_size: BS,
         lora_name: lora_name.map(str::to_string),
         cache_salt: None,
-        tier: Tier::Gpu,
+        tier,
     };
     let applied = index.apply(EngineSlot(slot), "m", BS, &[event]);
     assert_eq!(applied.blocks_stored, blocks);
@@ -148,4 +152,31 @@ async fn a_lora_request_matches_blocks_stored_with_its_lora_name() {
     assert_eq!((base.worker_id.as_str(), base.matched_blocks), ("base", 20));
     let unknown = pick(&state, &req("other-lora", &prompt));
     assert_eq!(unknown.degraded_reason().label(), "unknown_model");
+}
+
+/// vLLM's offloading connector reports blocks it moved to CPU memory with `medium` "CPU": a
+/// worker holding the prefix only there reloads it (cheap) instead of recomputing it, and a
+/// GPU hit is cheaper still.
+#[tokio::test]
+async fn a_cpu_tier_hit_is_predicted_between_a_gpu_hit_and_a_recompute() {
+    let (state, index) = state(vec![worker("gpu"), worker("cpu"), worker("none")]);
+    let prompt = tokens(0..8000);
+    store_in(&index, 0, &prompt[..6400], None, Tier::Gpu);
+    // Offloaded, then evicted from the GPU: only the CPU copy is left.
+    store_in(&index, 1, &prompt[..6400], None, Tier::Gpu);
+    store_in(&index, 1, &prompt[..6400], None, Tier::Cpu);
+    let hashes = (0..400u64).map(|b| EngineHash(1u64 << 32 | b)).collect();
+    index.apply(EngineSlot(1), "m", BS, &[KvEvent::Removed { hashes, tier: Tier::Gpu }]);
+    for id in ["gpu", "cpu", "none"] {
+        set_load(&state, id, 0, 0);
+    }
+    let first = pick(&state, &req("m", &prompt));
+    assert_eq!((first.worker_id.as_str(), first.matched_blocks), ("gpu", 400));
+    // With the GPU worker gone, the CPU copy still beats recomputing.
+    state.remove_worker("gpu");
+    let second = pick(&state, &req("m", &prompt));
+    assert_eq!((second.worker_id.as_str(), second.matched_blocks), ("cpu", 400), "{second:?}");
+    let (gpu_ms, cpu_ms) = (first.predicted_ttft_ms, second.predicted_ttft_ms);
+    // Same 1600 tokens to prefill; the CPU hit adds 6400 tokens of reload at 0.01 ms.
+    assert!((cpu_ms - gpu_ms - 64.0).abs() < 1.0, "gpu {gpu_ms} cpu {cpu_ms}");
 }

@@ -109,11 +109,23 @@ pub struct Priors {
     /// vLLM's `--max-num-batched-tokens`: tokens per scheduler step. vLLM's default for the
     /// OpenAI server is 2048 on GPUs under 70 GB, 8192 on H100/H200, 16384 from 160 GB up.
     pub max_num_batched_tokens: u32,
+    /// Loading one token's KV from a CPU offloading tier into the GPU (vLLM's offloading
+    /// connector): KV bytes per token / host-to-device bandwidth. 0.01 ms: ~250 KB per token
+    /// (a 27B GQA model in FP8) over ~25 GB/s of PCIe 4.0 x16; 10x cheaper than the prefill
+    /// prior, so an offloaded prefix is worth keeping but less than a GPU one.
+    pub reload_ms_per_token: f64,
 }
 
 impl Default for Priors {
     fn default() -> Self {
-        Priors { per_token_ms: 0.1, overhead_ms: 15.0, decode_ms_per_running: 0.5, default_request_tokens: 512, max_num_batched_tokens: 2048 }
+        Priors {
+            per_token_ms: 0.1,
+            overhead_ms: 15.0,
+            decode_ms_per_running: 0.5,
+            default_request_tokens: 512,
+            max_num_batched_tokens: 2048,
+            reload_ms_per_token: 0.01,
+        }
     }
 }
 
@@ -198,6 +210,9 @@ pub struct WorkerConfig {
     /// Defaults to `priors.max_num_batched_tokens`.
     #[serde(default)]
     pub max_num_batched_tokens: Option<u32>,
+    /// Defaults to `priors.reload_ms_per_token` (the worker's CPU-to-GPU KV load cost).
+    #[serde(default)]
+    pub reload_ms_per_token: Option<f64>,
     /// LoRA adapters the worker serves (vLLM `--lora-modules NAME=PATH`). A request whose
     /// `model` names one is routed among these workers and matched against the blocks vLLM
     /// stored with that `lora_name`; it is tokenized with `model`'s tokenizer.
@@ -227,6 +242,7 @@ impl WorkerConfig {
             overhead_ms: None,
             max_num_batched_tokens: None,
             lora_adapters: Vec::new(),
+            reload_ms_per_token: None,
         }
     }
 

@@ -139,6 +139,7 @@ impl Config {
             return Err(invalid("max_num_batched_tokens", "must be > 0"));
         }
         check_cost("per_token_ms", w.per_token_ms.unwrap_or(0.0))?;
+        check_cost("reload_ms_per_token", w.reload_ms_per_token.unwrap_or(0.0))?;
         check_cost("overhead_ms", w.overhead_ms.unwrap_or(0.0))
     }
 

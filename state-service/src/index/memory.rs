@@ -38,6 +38,7 @@ use holders::Shard;
 use kvroute_core::keys::{extend_token_keys, KeyRoot};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const SHARDS: usize = 64;
@@ -49,9 +50,11 @@ struct Entry {
     tiers: u8,
 }
 
+const GPU: u8 = 1;
+
 fn tier_bit(t: Tier) -> u8 {
     match t {
-        Tier::Gpu => 1,
+        Tier::Gpu => GPU,
         Tier::Cpu => 2,
         Tier::Storage => 4,
     }
@@ -64,14 +67,55 @@ struct EngineMap {
     /// such as multimodal inputs or the LoRA path, that kvroute keys do not): references
     /// beyond the first. The engine holds a key while any reference remains. Usually empty.
     extra_refs: HashMap<BlockKey, u32, SeededState>,
+    /// Keys off the GPU: per key, how many of this engine's hashes for it lack the GPU tier
+    /// (offloaded to CPU / storage only). A key is GPU-resident unless every hash reaching it
+    /// is counted here. Empty without an offloading tier, so lookups skip it.
+    cold: HashMap<BlockKey, u32, SeededState>,
     /// Scratch for computed keys, reused across events.
     keys: Vec<BlockKey>,
+}
+
+impl EngineMap {
+    fn on_gpu(&self, key: &BlockKey) -> bool {
+        let cold = self.cold.get(key).copied().unwrap_or(0);
+        cold == 0 || cold < 1 + self.extra_refs.get(key).copied().unwrap_or(0)
+    }
+
+    /// Leading keys of `keys[..matched]` on the GPU.
+    fn gpu_prefix(&self, keys: &[BlockKey], matched: usize) -> usize {
+        let held = keys.get(..matched).unwrap_or(keys);
+        if self.cold.is_empty() {
+            return held.len();
+        }
+        if self.cold.len() < held.len() {
+            // Fewer cold keys than matched ones: find the earliest of them in the prompt.
+            let pos: HashMap<BlockKey, usize, SeededState> = held.iter().enumerate().map(|(i, k)| (*k, i)).rev().collect();
+            return self.cold.keys().filter(|k| !self.on_gpu(k)).filter_map(|k| pos.get(k).copied()).min().unwrap_or(held.len());
+        }
+        held.iter().take_while(|k| self.on_gpu(k)).count()
+    }
+
+    fn cool(&mut self, key: BlockKey) {
+        *self.cold.entry(key).or_insert(0) += 1;
+    }
+
+    fn warm(&mut self, key: BlockKey) {
+        if let std::collections::hash_map::Entry::Occupied(mut o) = self.cold.entry(key) {
+            *o.get_mut() -= 1;
+            if *o.get() == 0 {
+                o.remove();
+            }
+        }
+    }
 }
 
 /// See the module docs.
 pub struct MemoryIndex {
     shards: Box<[RwLock<Shard>]>,
     engines: RwLock<HashMap<EngineSlot, Arc<Mutex<EngineMap>>>>,
+    /// Engines with keys off the GPU. Zero (no offloading tier anywhere): lookups never take
+    /// an engine lock to split tiers.
+    cold_engines: AtomicUsize,
 }
 
 impl Default for MemoryIndex {
@@ -85,6 +129,7 @@ impl MemoryIndex {
         MemoryIndex {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
             engines: RwLock::new(HashMap::new()),
+            cold_engines: AtomicUsize::new(0),
         }
     }
 
@@ -129,11 +174,21 @@ impl MemoryIndex {
         let bit = tier_bit(ev.tier);
         for (&hash, &key) in ev.hashes.iter().zip(&keys) {
             stats.blocks_stored += 1;
-            match e.blocks.entry(hash) {
-                std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().tiers |= bit,
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(Entry { key, tiers: bit });
+            match e.blocks.get_mut(&hash) {
+                Some(entry) => {
+                    let was_cold = entry.tiers & GPU == 0;
+                    entry.tiers |= bit;
+                    if was_cold && bit == GPU {
+                        let key = entry.key;
+                        e.warm(key);
+                    }
+                }
+                None => {
+                    e.blocks.insert(hash, Entry { key, tiers: bit });
                     self.hold(slot, &mut e.extra_refs, key);
+                    if bit != GPU {
+                        e.cool(key);
+                    }
                 }
             }
         }
@@ -148,11 +203,17 @@ impl MemoryIndex {
                 continue;
             };
             stats.blocks_removed += 1;
+            let was_cold = entry.tiers & GPU == 0;
             entry.tiers &= !bit;
-            if entry.tiers == 0 {
-                let key = entry.key;
+            let (key, left) = (entry.key, entry.tiers);
+            if left == 0 {
                 e.blocks.remove(hash);
+                if was_cold {
+                    e.warm(key);
+                }
                 self.unhold(slot, &mut e.extra_refs, key);
+            } else if bit == GPU {
+                e.cool(key);
             }
         }
     }
@@ -175,6 +236,7 @@ impl MemoryIndex {
 
     fn clear_locked(&self, slot: EngineSlot, e: &mut EngineMap) {
         e.extra_refs = HashMap::default();
+        e.cold = HashMap::default();
         // Releasing a key twice is a no-op, so duplicate references need no bookkeeping here.
         for entry in std::mem::take(&mut e.blocks).into_values() {
             self.shard(entry.key).write().release(entry.key, slot.0);
@@ -200,6 +262,7 @@ impl KvIndex for MemoryIndex {
         let mut stats = ApplyStats::default();
         let handle = self.engine(engine);
         let mut e = handle.lock();
+        let had_cold = !e.cold.is_empty();
         for ev in events {
             match ev {
                 KvEvent::Stored { hashes, parent, token_ids, block_size: bs, lora_name, cache_salt, tier } => {
@@ -223,13 +286,17 @@ impl KvIndex for MemoryIndex {
                 }
             }
         }
+        self.track_cold(had_cold, &e);
         stats
     }
 
     fn clear_engine(&self, engine: EngineSlot) {
         let handle = self.engines.read().get(&engine).cloned();
         if let Some(handle) = handle {
-            self.clear_locked(engine, &mut handle.lock());
+            let mut e = handle.lock();
+            let had_cold = !e.cold.is_empty();
+            self.clear_locked(engine, &mut e);
+            self.track_cold(had_cold, &e);
         }
     }
 
@@ -252,11 +319,11 @@ impl KvIndex for MemoryIndex {
             self.shard(key).read().holders_into(key, &mut next);
             alive -= drain_bits(&mut active, &next, |slot| out.push(matched(slot, i)));
             if alive == 0 {
-                return out;
+                return self.split_tiers(keys, out);
             }
         }
         drain_bits(&mut active, &vec![0; words], |slot| out.push(matched(slot, keys.len())));
-        out
+        self.split_tiers(keys, out)
     }
 
     fn engine_blocks(&self, engine: EngineSlot) -> usize {
@@ -266,7 +333,33 @@ impl KvIndex for MemoryIndex {
 }
 
 fn matched(slot: u32, n: usize) -> PrefixMatch {
-    PrefixMatch { engine: EngineSlot(slot), matched_blocks: n as u32 }
+    PrefixMatch { engine: EngineSlot(slot), matched_blocks: n as u32, gpu_blocks: n as u32 }
+}
+
+impl MemoryIndex {
+    /// Sets each match's GPU prefix: the engine maps are consulted only for engines with
+    /// keys off the GPU (an offloading tier); without one every match is all GPU.
+    fn split_tiers(&self, keys: &[BlockKey], mut out: Vec<PrefixMatch>) -> Vec<PrefixMatch> {
+        if self.cold_engines.load(Ordering::Relaxed) == 0 {
+            return out;
+        }
+        let engines = self.engines.read();
+        for m in &mut out {
+            if let Some(e) = engines.get(&m.engine) {
+                m.gpu_blocks = e.lock().gpu_prefix(keys, m.matched_blocks as usize) as u32;
+            }
+        }
+        out
+    }
+
+    /// Keeps `cold_engines` current after `e` changed (its lock held).
+    fn track_cold(&self, had_cold: bool, e: &EngineMap) {
+        match (had_cold, !e.cold.is_empty()) {
+            (false, true) => drop(self.cold_engines.fetch_add(1, Ordering::Relaxed)),
+            (true, false) => drop(self.cold_engines.fetch_sub(1, Ordering::Relaxed)),
+            _ => {}
+        }
+    }
 }
 
 /// `active &= keep`, calling `dropped` for every slot that was active and is not kept.

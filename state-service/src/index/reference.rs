@@ -12,7 +12,8 @@
 //! - event `block_size` != configured: every listed block counts in `rejected_bad_block`;
 //!   hashes without a full block of tokens likewise;
 //! - removing a (hash, tier) not held counts one `rejected_unknown_hash`;
-//! - an engine holds a key while any of its (hash, tier) facts maps to it.
+//! - an engine holds a key while any of its (hash, tier) facts maps to it, and holds it on
+//!   the GPU while any of its GPU facts does.
 
 pub mod differential;
 
@@ -102,14 +103,19 @@ impl KvIndex for ReferenceIndex {
 
     fn match_prefix(&self, keys: &[BlockKey]) -> Vec<PrefixMatch> {
         let facts = self.facts.lock();
-        let mut held: BTreeMap<EngineSlot, BTreeSet<BlockKey>> = BTreeMap::new();
-        for ((e, _, _), k) in facts.iter() {
-            held.entry(*e).or_default().insert(*k);
+        let mut held: BTreeMap<EngineSlot, (BTreeSet<BlockKey>, BTreeSet<BlockKey>)> = BTreeMap::new();
+        for ((e, _, tier), k) in facts.iter() {
+            let (any, gpu) = held.entry(*e).or_default();
+            any.insert(*k);
+            if *tier == Tier::Gpu {
+                gpu.insert(*k);
+            }
         }
         held.into_iter()
-            .map(|(engine, set)| PrefixMatch {
+            .map(|(engine, (any, gpu))| PrefixMatch {
                 engine,
-                matched_blocks: keys.iter().take_while(|k| set.contains(k)).count() as u32,
+                matched_blocks: keys.iter().take_while(|k| any.contains(k)).count() as u32,
+                gpu_blocks: keys.iter().take_while(|k| gpu.contains(k)).count() as u32,
             })
             .filter(|m| m.matched_blocks > 0)
             .collect()

@@ -34,6 +34,9 @@ pub struct Cost {
     pub default_request_tokens: u32,
     /// vLLM's `max_num_batched_tokens`: tokens one step takes.
     pub step_tokens: u32,
+    /// Loading one token's KV from the offloading tier (CPU) into the GPU: KV bytes per token
+    /// over the host-to-device bandwidth. Not calibrated (part of `fixed_ms`).
+    pub reload_ms_per_token: f64,
 }
 
 /// What we know of a worker's queue at pick time.
@@ -77,9 +80,26 @@ pub struct Prediction {
     pub features: Features,
 }
 
-/// Predicted TTFT of a `prompt_tokens` request whose first `matched_tokens` are cached.
-pub fn predict(prompt_tokens: u32, matched_tokens: u32, load: &LoadView, cost: &Cost) -> Prediction {
-    let uncached = prompt_tokens.saturating_sub(matched_tokens);
+/// How much of a prompt a worker holds: `tokens` leading tokens cached in any tier, of which
+/// the last `reloaded` are off the GPU (vLLM's offloading connector loads them before the
+/// request is scheduled, at `reload_ms_per_token`, instead of recomputing them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cached {
+    pub tokens: u32,
+    pub reloaded: u32,
+}
+
+impl Cached {
+    /// All on the GPU.
+    pub fn gpu(tokens: u32) -> Cached {
+        Cached { tokens, reloaded: 0 }
+    }
+}
+
+/// Predicted TTFT of a `prompt_tokens` request of which `cached` is held.
+pub fn predict(prompt_tokens: u32, cached: Cached, load: &LoadView, cost: &Cost) -> Prediction {
+    let uncached = prompt_tokens.saturating_sub(cached.tokens);
+    let reloaded = cached.reloaded.min(cached.tokens.min(prompt_tokens));
     let others = load.waiting.saturating_sub(load.own_waiting);
     let tokens_ahead = load.own_waiting_tokens as f64 + f64::from(others) * f64::from(cost.default_request_tokens);
     let work = tokens_ahead + f64::from(uncached);
@@ -89,7 +109,7 @@ pub fn predict(prompt_tokens: u32, matched_tokens: u32, load: &LoadView, cost: &
     let per_step = (budget - f64::from(load.running)).max(budget / 4.0);
     let busy = load.running > 0 || load.waiting > 0 || load.own_waiting > 0;
     let steps = (work / per_step).ceil().max(1.0) + if busy { 0.5 } else { 0.0 };
-    let fixed_ms = steps * f64::from(load.running) * cost.decode_ms_per_running;
+    let fixed_ms = steps * f64::from(load.running) * cost.decode_ms_per_running + cost.reload_ms_per_token * f64::from(reloaded);
     let ttft_ms = cost.overhead_ms * steps + cost.per_token_ms * work + fixed_ms;
     Prediction { uncached_tokens: uncached, ttft_ms, features: Features { steps, tokens: work, fixed_ms } }
 }
@@ -99,13 +119,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const COST: Cost = Cost { per_token_ms: 0.1, overhead_ms: 10.0, decode_ms_per_running: 0.5, default_request_tokens: 512, step_tokens: 2048 };
+    const COST: Cost = Cost { per_token_ms: 0.1, overhead_ms: 10.0, decode_ms_per_running: 0.5, default_request_tokens: 512, step_tokens: 2048, reload_ms_per_token: 0.01 };
 
     #[test]
     fn cached_prefix_wins_when_queues_are_equal() {
         let load = LoadView { running: 2, waiting: 1, own_waiting: 1, own_waiting_tokens: 300, own_in_flight: 3 };
-        let warm = predict(4000, 3200, &load, &COST);
-        let cold = predict(4000, 0, &load, &COST);
+        let warm = predict(4000, Cached::gpu(3200), &load, &COST);
+        let cold = predict(4000, Cached::gpu(0), &load, &COST);
         assert_eq!(warm.uncached_tokens, 800);
         // 3200 tokens less prefill (320 ms) and two steps less (1100 vs 4300 tokens of work at
         // 2046 per step; each step 10 ms + 2 running * 0.5 ms).
@@ -115,16 +135,30 @@ mod tests {
     #[test]
     fn idle_worker_wins_when_the_queue_costs_more_than_the_prefill_saved() {
         let busy = LoadView { running: 8, waiting: 6, own_waiting: 6, own_waiting_tokens: 6 * 2000, own_in_flight: 14 };
-        let warm_busy = predict(4000, 3200, &busy, &COST);
-        let cold_idle = predict(4000, 0, &LoadView::default(), &COST);
+        let warm_busy = predict(4000, Cached::gpu(3200), &busy, &COST);
+        let cold_idle = predict(4000, Cached::gpu(0), &LoadView::default(), &COST);
         // Saved prefill: 320 ms; queue: 12000 tokens * 0.1 + their 6 steps * (10 + 8 * 0.5) ms.
         assert!(cold_idle.ttft_ms < warm_busy.ttft_ms);
     }
 
     #[test]
+    fn an_offloaded_prefix_costs_its_reload_not_its_prefill() {
+        let load = LoadView::default();
+        let gpu = predict(4000, Cached::gpu(3200), &load, &COST);
+        let cpu = predict(4000, Cached { tokens: 3200, reloaded: 3200 }, &load, &COST);
+        let none = predict(4000, Cached::gpu(0), &load, &COST);
+        // Same prefill (800 tokens) and steps; the CPU hit adds 3200 * 0.01 ms of loading.
+        assert_eq!((gpu.uncached_tokens, cpu.uncached_tokens), (800, 800));
+        assert!((cpu.ttft_ms - gpu.ttft_ms - 32.0).abs() < 1e-9, "{gpu:?} {cpu:?}");
+        assert!(gpu.ttft_ms < cpu.ttft_ms && cpu.ttft_ms < none.ttft_ms);
+        // Reloading is not fitted: it sits in the fixed part.
+        assert!((cpu.features.fixed_ms - gpu.features.fixed_ms - 32.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn features_reproduce_the_prediction() {
         let load = LoadView { running: 3, waiting: 5, own_waiting: 2, own_waiting_tokens: 700, own_in_flight: 4 };
-        let p = predict(1000, 160, &load, &COST);
+        let p = predict(1000, Cached::gpu(160), &load, &COST);
         let f = p.features;
         let again = COST.overhead_ms * f.steps + COST.per_token_ms * f.tokens + f.fixed_ms;
         assert!((again - p.ttft_ms).abs() < 1e-9);
@@ -135,11 +169,11 @@ mod tests {
         // Ten queued 100-token prefills ahead fit in one 2048-token step with ours: one step's
         // overhead (plus half the step in flight), not eleven.
         let load = LoadView { running: 4, waiting: 10, own_waiting: 10, own_waiting_tokens: 1000, own_in_flight: 14 };
-        let p = predict(300, 200, &load, &COST);
+        let p = predict(300, Cached::gpu(200), &load, &COST);
         assert_eq!(p.features.steps, 1.5);
         assert!((p.ttft_ms - (1.5 * 10.0 + 0.1 * 1100.0 + 1.5 * 4.0 * 0.5)).abs() < 1e-9);
         // A long cold prompt on an idle worker takes ceil(8000 / 2048) = 4 steps.
-        assert_eq!(predict(8000, 0, &LoadView::default(), &COST).features.steps, 4.0);
+        assert_eq!(predict(8000, Cached::gpu(0), &LoadView::default(), &COST).features.steps, 4.0);
     }
 
     fn load_strategy() -> impl Strategy<Value = LoadView> {
@@ -163,7 +197,7 @@ mod tests {
             matched in 0u32..20_000,
             extra_tokens in 0u64..10_000,
         ) {
-            let base = predict(prompt, matched, &load, &COST).ttft_ms;
+            let base = predict(prompt, Cached::gpu(matched), &load, &COST).ttft_ms;
             let more_running = LoadView { running: load.running + 1, ..load };
             let more_waiting = LoadView { waiting: load.waiting + 1, ..load };
             let more_own = LoadView {
@@ -174,7 +208,7 @@ mod tests {
                 ..load
             };
             for heavier in [more_running, more_waiting, more_own] {
-                prop_assert!(predict(prompt, matched, &heavier, &COST).ttft_ms >= base);
+                prop_assert!(predict(prompt, Cached::gpu(matched), &heavier, &COST).ttft_ms >= base);
             }
         }
 
@@ -182,7 +216,7 @@ mod tests {
         #[test]
         fn predicted_ttft_is_antitonic_in_matched_tokens(load in load_strategy(), prompt in 0u32..20_000, a in 0u32..20_000, b in 0u32..20_000) {
             let (lo, hi) = (a.min(b), a.max(b));
-            prop_assert!(predict(prompt, hi, &load, &COST).ttft_ms <= predict(prompt, lo, &load, &COST).ttft_ms);
+            prop_assert!(predict(prompt, Cached::gpu(hi), &load, &COST).ttft_ms <= predict(prompt, Cached::gpu(lo), &load, &COST).ttft_ms);
         }
     }
 }

@@ -32,9 +32,9 @@ impl KvIndex for TestIndex {
         let blocks = self.blocks.lock();
         blocks
             .iter()
-            .map(|(engine, held)| PrefixMatch {
-                engine: *engine,
-                matched_blocks: keys.iter().take_while(|k| held.contains(k)).count() as u32,
+            .map(|(engine, held)| {
+                let n = keys.iter().take_while(|k| held.contains(k)).count() as u32;
+                PrefixMatch { engine: *engine, matched_blocks: n, gpu_blocks: n }
             })
             .filter(|m| m.matched_blocks > 0)
             .collect()

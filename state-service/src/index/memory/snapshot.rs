@@ -5,7 +5,7 @@
 //! events whose parent is a restored hash chain from that key exactly as if the replica had
 //! seen the original store.
 
-use super::{tier_bit, Entry, MemoryIndex};
+use super::{tier_bit, Entry, MemoryIndex, GPU};
 use crate::types::{BlockKey, EngineHash, EngineSlot, Tier};
 
 /// One block of an engine: its engine hash, kvroute key and tier bits (GPU 1, CPU 2,
@@ -50,6 +50,7 @@ impl MemoryIndex {
     pub fn restore(&self, engine: EngineSlot, entries: &[BlockEntry]) -> usize {
         let handle = self.engine(engine);
         let mut e = handle.lock();
+        let had_cold = !e.cold.is_empty();
         self.clear_locked(engine, &mut e);
         for b in entries {
             let tiers = b.tiers & ALL_TIERS;
@@ -58,7 +59,11 @@ impl MemoryIndex {
             }
             e.blocks.insert(b.hash, Entry { key: b.key, tiers });
             self.hold(engine, &mut e.extra_refs, b.key);
+            if tiers & GPU == 0 {
+                e.cool(b.key);
+            }
         }
+        self.track_cold(had_cold, &e);
         e.blocks.len()
     }
 }

@@ -37,6 +37,8 @@ pub struct Coverage {
     /// Largest `matched_blocks` seen, and the most engines matching one query.
     pub max_matched: u32,
     pub max_engines: usize,
+    /// Matches whose GPU prefix is shorter than the whole match (blocks only offloaded).
+    pub split_matches: u64,
 }
 
 /// Runs `batches` batches for every seed; the first divergence is the error.
@@ -85,6 +87,7 @@ pub fn check_seed(make: &dyn Fn() -> Box<dyn KvIndex>, seed: u64, batches: usize
             cov.nonempty_matches += u64::from(!got.is_empty());
             cov.max_engines = cov.max_engines.max(got.len());
             cov.max_matched = cov.max_matched.max(got.iter().map(|m| m.1).max().unwrap_or(0));
+            cov.split_matches += got.iter().filter(|m| m.2 < m.1).count() as u64;
         }
     }
     Ok(())
@@ -99,9 +102,9 @@ fn add(t: &mut ApplyStats, s: &ApplyStats) {
     t.rejected_bad_block += s.rejected_bad_block;
 }
 
-fn sorted(mut v: Vec<PrefixMatch>) -> Vec<(u32, u32)> {
+fn sorted(mut v: Vec<PrefixMatch>) -> Vec<(u32, u32, u32)> {
     v.sort_by_key(|m| m.engine);
-    v.into_iter().map(|m| (m.engine.0, m.matched_blocks)).collect()
+    v.into_iter().map(|m| (m.engine.0, m.matched_blocks, m.gpu_blocks)).collect()
 }
 
 struct Prompt {
