@@ -28,12 +28,35 @@ use std::sync::Arc;
 use std::time::Duration;
 use worker::WorkerTokenizer;
 
-/// Exact token ids of a prompt and where they came from.
+/// Exact token ids of a prompt (or of its leading part) and where they came from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExactIds {
+    /// The prompt's first ids, exactly: all of them, or those of the leading messages that
+    /// fit the encoding budget.
     pub ids: Vec<u32>,
+    /// The whole prompt's tokens: `ids.len()`, plus an estimate for the unencoded rest.
+    pub prompt_tokens: u32,
     /// `TokenizationLocal` or `TokenizationWorker`.
     pub path: TokenizationPath,
+}
+
+/// What the local encoder produced.
+struct Encoded {
+    ids: Vec<u32>,
+    rest_bytes: usize,
+}
+
+impl Encoded {
+    fn whole(ids: Vec<u32>) -> Encoded {
+        Encoded { ids, rest_bytes: 0 }
+    }
+
+    /// The whole prompt's tokens, the rest estimated at the encoded part's bytes per token.
+    fn prompt_tokens(&self, encoded_bytes: usize) -> u32 {
+        let n = self.ids.len();
+        let rest = if self.rest_bytes == 0 || n == 0 { self.rest_bytes / 4 } else { self.rest_bytes * n / encoded_bytes.max(1) };
+        u32::try_from(n + rest).unwrap_or(u32::MAX)
+    }
 }
 
 pub struct Tokenization {
@@ -41,6 +64,13 @@ pub struct Tokenization {
     worker: WorkerTokenizer,
     inline_max_bytes: usize,
     worker_fallback: bool,
+    /// Most cache-missing bytes one pick encodes (see `config::Tokenization::max_encode_bytes`).
+    max_encode_bytes: usize,
+    /// A pick stops waiting for its local tokenization after this (the filter gave up soon
+    /// after); the encoding finishes in the background and warms the piece cache.
+    deadline: Duration,
+    /// Blocking-pool tokenizations at once; a pick that finds none free does not queue.
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 /// Whether a pick's prompt needs tokenizing (text or chat, no exact keys from the filter).
@@ -56,6 +86,9 @@ impl Tokenization {
             worker: WorkerTokenizer::new(Duration::from_millis(t.worker_timeout_ms), Duration::from_millis(t.worker_retry_ms)),
             inline_max_bytes: t.inline_max_bytes,
             worker_fallback: t.worker_fallback,
+            max_encode_bytes: t.max_encode_bytes,
+            deadline: Duration::from_millis(t.deadline_ms),
+            permits: Arc::new(tokio::sync::Semaphore::new(t.max_concurrent.max(1))),
         }
     }
 
@@ -90,9 +123,13 @@ impl Tokenization {
     pub async fn exact_ids(&self, metrics: &Metrics, req: &PickRequest, target: &TokenizeTarget) -> Option<ExactIds> {
         let started = std::time::Instant::now();
         match self.local_ids(req, &target.base_model).await {
-            Ok(ids) => {
+            Ok((encoded, bytes)) => {
                 metrics.observe_tokenize(TokenizationPath::TokenizationLocal, started.elapsed().as_secs_f64());
-                return Some(ExactIds { ids, path: TokenizationPath::TokenizationLocal });
+                if encoded.rest_bytes > 0 {
+                    metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Truncated);
+                }
+                let prompt_tokens = encoded.prompt_tokens(bytes.saturating_sub(encoded.rest_bytes));
+                return Some(ExactIds { ids: encoded.ids, prompt_tokens, path: TokenizationPath::TokenizationLocal });
             }
             Err(reason) => {
                 metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, reason);
@@ -106,7 +143,8 @@ impl Tokenization {
         match self.worker_ids(req, &target.workers).await {
             Ok(ids) => {
                 metrics.observe_tokenize(TokenizationPath::TokenizationWorker, started.elapsed().as_secs_f64());
-                Some(ExactIds { ids, path: TokenizationPath::TokenizationWorker })
+                let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+                Some(ExactIds { ids, prompt_tokens, path: TokenizationPath::TokenizationWorker })
             }
             Err(reason) => {
                 metrics.count_tokenize_failure(TokenizationPath::TokenizationWorker, reason);
@@ -116,7 +154,8 @@ impl Tokenization {
         }
     }
 
-    async fn local_ids(&self, req: &PickRequest, model: &str) -> Result<Vec<u32>, TokenizeFailure> {
+    /// The local encoding and the prompt's size in bytes (rendered chat, or text).
+    async fn local_ids(&self, req: &PickRequest, model: &str) -> Result<(Encoded, usize), TokenizeFailure> {
         let tokenizer = match self.local.lookup(model) {
             Lookup::Ready(t) => t,
             Lookup::Unavailable => return Err(TokenizeFailure::Unavailable),
@@ -127,13 +166,21 @@ impl Tokenization {
             }
             Lookup::Loading => return Err(TokenizeFailure::Loading),
         };
+        let budget = self.max_encode_bytes;
         if req.chat_json.len() + req.prompt_text.len() <= self.inline_max_bytes {
-            return encode(&tokenizer, req.endpoint, &req.chat_json, &req.prompt_text);
+            return encode(&tokenizer, req.endpoint, &req.chat_json, &req.prompt_text, budget);
         }
+        // Bounded work: a few encodings at once, each waited for until the deadline.
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else { return Err(TokenizeFailure::Busy) };
         let (endpoint, chat, text) = (req.endpoint, req.chat_json.clone(), req.prompt_text.clone());
-        tokio::task::spawn_blocking(move || encode(&tokenizer, endpoint, &chat, &text))
-            .await
-            .unwrap_or(Err(TokenizeFailure::Encode))
+        let work = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            encode(&tokenizer, endpoint, &chat, &text, budget)
+        });
+        match tokio::time::timeout(self.deadline, work).await {
+            Ok(done) => done.unwrap_or(Err(TokenizeFailure::Encode)),
+            Err(_) => Err(TokenizeFailure::Deadline),
+        }
     }
 
     async fn worker_ids(&self, req: &PickRequest, workers: &[Arc<crate::fleet::WorkerEntry>]) -> Result<Vec<u32>, TokenizeFailure> {
@@ -147,17 +194,24 @@ impl Tokenization {
 }
 
 /// Chat prompts through the template (media makes the ids inexact: vLLM adds placeholder
-/// tokens we do not reproduce); text prompts encoded as `/v1/completions` does.
-fn encode(tokenizer: &ModelTokenizer, endpoint: i32, chat: &str, text: &str) -> Result<Vec<u32>, TokenizeFailure> {
+/// tokens we do not reproduce), encoded as far as `budget` cache-missing bytes reach at a
+/// message boundary (exact: see `CachedEncoder::encode_prefix`); text prompts encoded whole
+/// as `/v1/completions` does (a text has no boundary that is exact for every tokenizer; the
+/// deadline bounds its wait). Returns the encoding and the prompt's bytes.
+fn encode(tokenizer: &ModelTokenizer, endpoint: i32, chat: &str, text: &str, budget: usize) -> Result<(Encoded, usize), TokenizeFailure> {
     if chat.is_empty() {
-        return tokenizer.encode_text(text).map_err(|e| failure(&e));
+        return tokenizer.encode_text(text).map(|ids| (Encoded::whole(ids), text.len())).map_err(|e| failure(&e));
     }
     let api = if endpoint == Endpoint::Messages as i32 { Api::Messages } else { Api::ChatCompletions };
     let rendered = tokenizer.render_chat(chat, api).map_err(|e| failure(&e))?;
     if rendered.media_items > 0 {
         return Err(TokenizeFailure::Media);
     }
-    tokenizer.encoder().encode(&rendered.text).map_err(|e| failure(&e))
+    let prefix = tokenizer.encoder().encode_prefix(&rendered.text, budget).map_err(|e| failure(&e))?;
+    if prefix.ids.is_empty() {
+        return Err(TokenizeFailure::Truncated);
+    }
+    Ok((Encoded { ids: prefix.ids, rest_bytes: prefix.rest_bytes }, rendered.text.len()))
 }
 
 fn failure(e: &TokenizeError) -> TokenizeFailure {

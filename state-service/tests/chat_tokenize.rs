@@ -152,6 +152,30 @@ async fn local_tokenizer_gives_exact_keys_that_match_held_blocks() {
     assert!(m["tokenizer"]["cache"]["hits"].as_u64().unwrap() > 0, "second turn is served from the piece cache: {m}");
 }
 
+/// A cold conversation longer than the encoding budget is keyed exactly up to the last
+/// message boundary within it (the leading keys equal the whole prompt's), routed without
+/// degradation, and its size estimated from the rest.
+#[tokio::test]
+async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
+    let mut cfg = config(&["a"]);
+    cfg.tokenization.max_encode_bytes = 700;
+    cfg.tokenization.inline_max_bytes = 1 << 20;
+    let (app, index) = build(cfg, Some(fixture_dir()));
+    let (req, input) = chat_pick(&chat_body());
+    let (ids, keys) = expected(&input);
+    index.hold(EngineSlot(0), &keys);
+    let cold = pick(&app, &req).await;
+    assert_eq!((cold.tokenization, cold.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{cold:?}");
+    let n = cold.total_blocks as usize;
+    assert!(n > 0 && n < keys.len(), "{n} of {} blocks: only the leading messages fit 700 bytes", keys.len());
+    assert_eq!(cold.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
+    let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
+    let estimate = assignments["assignments"][0]["prompt_tokens"].as_u64().unwrap() as f64;
+    assert!((estimate / ids.len() as f64 - 1.0).abs() < 0.5, "estimated {estimate} of {} tokens", ids.len());
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
+}
+
 /// A chat for a LoRA adapter (its name in `model`, as vLLM takes it) is rendered with the
 /// base model's tokenizer and template, keyed at the adapter's name, and routed only among
 /// the workers that serve the adapter.

@@ -13,6 +13,21 @@ use crate::error::TokenizeError;
 use crate::pieces::{Piece, Splitter};
 use std::sync::Arc;
 
+/// What [`CachedEncoder::encode_prefix`] encoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    /// The first ids of the whole text's encoding, exactly.
+    pub ids: Vec<u32>,
+    /// Text bytes of the pieces left unencoded (0 when complete).
+    pub rest_bytes: usize,
+}
+
+impl Prefix {
+    pub fn complete(&self) -> bool {
+        self.rest_bytes == 0
+    }
+}
+
 pub struct CachedEncoder {
     tokenizer: tokenizers::Tokenizer,
     splitter: Splitter,
@@ -50,6 +65,32 @@ impl CachedEncoder {
             }
         }
         Ok(ids)
+    }
+
+    /// Encodes the longest prefix of `text` that ends at a piece boundary (an added token:
+    /// exact, since `tokenizers` never merges across one) and needs at most `budget` bytes of
+    /// cache-missing text encoded. Cached pieces cost nothing against the budget, so a warm
+    /// conversation is encoded whole; a cold long one stops at the last message boundary
+    /// within the budget. A first piece larger than the budget leaves nothing encoded.
+    pub fn encode_prefix(&self, text: &str, budget: usize) -> Result<Prefix, TokenizeError> {
+        let pieces = self.splitter.split(text);
+        let mut ids = Vec::with_capacity(text.len().min(budget.saturating_mul(2)) / 3);
+        let mut spent = 0usize;
+        for (i, piece) in pieces.iter().enumerate() {
+            match *piece {
+                Piece::Token(id) => ids.push(id),
+                Piece::Text(t) => {
+                    let cached = self.cache.peek(PieceHash::of(t)).is_some();
+                    if !cached && spent + t.len() > budget {
+                        let rest_bytes = pieces.iter().skip(i).map(|p| if let Piece::Text(t) = p { t.len() } else { 0 }).sum();
+                        return Ok(Prefix { ids, rest_bytes });
+                    }
+                    spent += if cached { 0 } else { t.len() };
+                    ids.extend_from_slice(&self.encode_piece(t)?);
+                }
+            }
+        }
+        Ok(Prefix { ids, rest_bytes: 0 })
     }
 
     fn encode_piece(&self, text: &str) -> Result<Arc<[u32]>, TokenizeError> {

@@ -119,6 +119,33 @@ proptest! {
     }
 }
 
+proptest! {
+    /// A bounded prefix encoding is exactly a prefix of the whole encoding, stops at a piece
+    /// boundary, spends at most its budget on uncached text, and is the whole encoding when
+    /// the budget allows (cold: every byte counts; warm: cached pieces are free).
+    #[test]
+    fn prefix_encoding_is_an_exact_prefix_within_its_budget(parts in prop::collection::vec(prop::sample::select(vec![
+        "<|im_start|>user\n", "<|im_end|>\n", "Hello there, router.", " shared system prompt text ", "\n\n", "你好", "🚀 ",
+    ]), 1..30), budget in 0usize..200) {
+        let text: String = parts.concat();
+        let t = tokenizers();
+        let whole = t.cold.encoder().encode_uncached(&text, false).unwrap();
+        let p = t.cold.encoder().encode_prefix(&text, budget).unwrap();
+        prop_assert!(whole.starts_with(&p.ids), "{:?} is not a prefix of {:?}", p.ids, whole);
+        let text_bytes: usize = text.len() - text.matches("<|im_start|>").count() * 12 - text.matches("<|im_end|>").count() * 10;
+        prop_assert!(p.rest_bytes <= text_bytes);
+        if text_bytes <= budget {
+            prop_assert!(p.complete(), "budget {} covers all {} text bytes", budget, text_bytes);
+            prop_assert_eq!(&p.ids, &whole);
+        }
+        // Warm: once the whole text was encoded, every piece is cached and nothing is spent.
+        t.warm.encoder().encode(&text).unwrap();
+        let warm = t.warm.encoder().encode_prefix(&text, 0).unwrap();
+        prop_assert!(warm.complete());
+        prop_assert_eq!(&warm.ids, &whole);
+    }
+}
+
 #[test]
 fn corpus_encodes_like_whole_prompts() {
     let (mut encoded, mut rejected) = (0, 0);

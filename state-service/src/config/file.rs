@@ -159,6 +159,16 @@ pub struct Tokenization {
     pub worker_timeout_ms: u64,
     /// After a failed worker call, skip the worker path of that model for this long.
     pub worker_retry_ms: u64,
+    /// Most bytes of not-yet-cached text one pick encodes; a chat beyond it is keyed exactly
+    /// up to its last message boundary within the budget (32 KiB: ~8k tokens, ~11 ms cold on
+    /// a shared 2-core VM; shared prefixes and history are cached pieces and cost nothing).
+    pub max_encode_bytes: usize,
+    /// How long a pick waits for a local encoding before routing on text chunks; below the
+    /// filter's pick timeout (50 ms by default) so the answer still arrives in time.
+    pub deadline_ms: u64,
+    /// Encodings on the blocking pool at once; more picks than this route on text chunks at
+    /// once rather than queueing behind them.
+    pub max_concurrent: usize,
 }
 
 impl Default for Tokenization {
@@ -170,6 +180,9 @@ impl Default for Tokenization {
             worker_fallback: true,
             worker_timeout_ms: 25,
             worker_retry_ms: 1000,
+            max_encode_bytes: 32 << 10,
+            deadline_ms: 30,
+            max_concurrent: 4,
         }
     }
 }

@@ -70,6 +70,13 @@ label_enum!(
         Status => "status",
         /// The worker's answer had no `tokens` array.
         Body => "body",
+        /// Only the leading messages within `tokenization.max_encode_bytes` were encoded (the
+        /// pick still used exact keys for them); or not even the first message fit.
+        Truncated => "truncated",
+        /// The local encoding did not finish within `tokenization.deadline_ms`.
+        Deadline => "deadline",
+        /// `tokenization.max_concurrent` encodings were running already.
+        Busy => "busy",
     }
 );
 

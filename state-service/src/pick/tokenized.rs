@@ -33,5 +33,5 @@ async fn exact_prompt(state: &AppState, req: &PickRequest) -> Option<PromptView>
     // Rooted at the request's model: the adapter's name for a LoRA request, as vLLM roots it.
     let root = KeyRoot::new(&req.model, &req.cache_salt);
     let keys = token_block_keys(&root, &exact.ids, target.block_size as usize);
-    Some(PromptView::from_ids(keys, exact.ids.len(), target.block_size, exact.path))
+    Some(PromptView::from_ids(keys, exact.prompt_tokens as usize, target.block_size, exact.path))
 }
