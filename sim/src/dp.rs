@@ -78,8 +78,8 @@ impl DpWorker {
     }
 
     /// `/reset_prefix_cache` on every rank (vLLM broadcasts it); true if all of them reset.
-    pub fn reset_prefix_cache(&self) -> bool {
-        self.ranks.iter().map(Worker::reset_prefix_cache).fold(true, |all, ok| all && ok)
+    pub fn reset_prefix_cache(&self, reset_external: bool) -> bool {
+        self.ranks.iter().map(|w| w.reset_prefix_cache(reset_external)).fold(true, |all, ok| all && ok)
     }
 }
 

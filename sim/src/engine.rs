@@ -10,9 +10,15 @@
 //! running request needs a block and none is free, the last running request is preempted
 //! (its blocks freed, recomputed later). A prefix-cache hit never covers the last prompt
 //! token, exactly like vLLM (`max_cache_hit_length = num_tokens - 1`).
+//!
+//! With `offload.cpu_blocks > 0` the engine also runs vLLM's CPU offloading tier
+//! (`offload.rs`): computed prompt blocks are copied to a CPU pool, and a request whose
+//! prefix continues past its GPU hit in that pool loads those blocks instead of prefilling
+//! them, waiting (holding its blocks, counted as waiting) until the copy lands.
 
 pub mod event;
 pub mod hashing;
+pub mod offload;
 pub mod pool;
 pub mod profile;
 pub mod request;
@@ -20,7 +26,9 @@ pub mod stats;
 mod step;
 
 use crate::ids::{EngineHash, RequestId};
-pub use event::KvEvent;
+pub use event::{KvEvent, Medium};
+use offload::CpuTier;
+pub use offload::{OffloadConfig, OffloadStats};
 use pool::BlockPool;
 pub use profile::StepProfile;
 pub(crate) use request::Request;
@@ -42,6 +50,8 @@ pub struct EngineConfig {
     pub profile: StepProfile,
     /// Wall-clock multiplier applied to every step (0.1 = ten times faster).
     pub time_scale: f64,
+    /// vLLM's KV offloading to CPU; off by default.
+    pub offload: OffloadConfig,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +65,7 @@ impl Default for EngineConfig {
             eos_after: 128,
             profile: StepProfile::default(),
             time_scale: 1.0,
+            offload: OffloadConfig::default(),
         }
     }
 }
@@ -86,24 +97,39 @@ pub struct Engine {
     cfg: EngineConfig,
     pool: BlockPool,
     waiting: VecDeque<Request>,
+    /// Requests holding blocks while a CPU load is in flight or just landed (vLLM's
+    /// `kv_holding_waiting`): scheduled before `waiting`.
+    holding: VecDeque<Request>,
     running: Vec<Request>,
     stats: EngineStats,
     /// Fault knob: multiplies step time.
     slowdown: f64,
     pending_events: Vec<KvEvent>,
+    /// The CPU offload tier, when configured.
+    cpu: Option<CpuTier>,
+    /// Requests gone (finished, aborted) since the last step: their last stores and
+    /// `on_request_finished` happen in the next step, as vLLM's `finished_req_ids`.
+    gone: Vec<Request>,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         let pool = BlockPool::new(cfg.num_gpu_blocks);
+        let cpu = cfg
+            .offload
+            .enabled()
+            .then(|| CpuTier::new(&cfg.offload, cfg.block_size, cfg.profile.kv_bytes_per_token, cfg.time_scale));
         Engine {
             cfg,
             pool,
             waiting: VecDeque::new(),
+            holding: VecDeque::new(),
             running: Vec::new(),
             stats: EngineStats::default(),
             slowdown: 1.0,
             pending_events: Vec::new(),
+            cpu,
+            gone: Vec::new(),
         }
     }
 
@@ -155,6 +181,9 @@ impl Engine {
             num_computed: 0,
             num_cached_blocks: 0,
             cached_tokens: None,
+            num_preemptions: 0,
+            offload: Default::default(),
+            load: None,
             arrival: now,
             first_scheduled: None,
             first_token: None,
@@ -163,29 +192,54 @@ impl Engine {
     }
 
     /// Drop a request (client went away), releasing its blocks. Returns whether it existed.
+    /// A request aborted while its CPU load is in flight keeps its blocks until it lands.
     pub fn abort(&mut self, id: RequestId) -> bool {
-        if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
-            if let Some(r) = self.waiting.remove(i) {
-                self.pool.free(r.blocks.iter().rev().copied());
-            }
-            return true;
+        let r = if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            self.waiting.remove(i)
+        } else if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            Some(self.running.remove(i))
+        } else if let Some(i) = self.holding.iter().position(|r| r.id == id) {
+            self.holding.remove(i)
+        } else {
+            None
+        };
+        let Some(mut r) = r else { return false };
+        let blocks: Vec<_> = r.blocks.iter().rev().copied().collect();
+        let to_free = match (&mut self.cpu, r.load) {
+            (Some(cpu), Some(offload::LoadState::InFlight)) => cpu.orphan_load(id, blocks),
+            _ => Some(blocks),
+        };
+        if let Some(blocks) = to_free {
+            self.pool.free(blocks);
         }
-        if let Some(i) = self.running.iter().position(|r| r.id == id) {
-            let r = self.running.remove(i);
-            self.pool.free(r.blocks.iter().rev().copied());
-            return true;
+        if let Some(cpu) = &mut self.cpu {
+            cpu.on_request_done(id);
+            r.load = None;
+            self.gone.push(r);
         }
-        false
+        true
     }
 
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty()
+            || !self.running.is_empty()
+            || !self.holding.is_empty()
+            || self.cpu.as_ref().is_some_and(CpuTier::has_inflight)
     }
 
     /// vLLM's `/reset_prefix_cache`: succeeds (emitting `AllBlocksCleared`) only when no
-    /// request holds blocks.
-    pub fn reset_prefix_cache(&mut self) -> bool {
-        self.pool.reset_prefix_cache(&mut self.pending_events)
+    /// request holds blocks. `reset_external` (`?reset_external=true`) also empties the CPU
+    /// tier, silently as vLLM's connector reset does; active requests re-offer from chunk 0.
+    pub fn reset_prefix_cache(&mut self, reset_external: bool) -> bool {
+        let ok = self.pool.reset_prefix_cache(&mut self.pending_events);
+        if reset_external {
+            if let Some(cpu) = &mut self.cpu {
+                cpu.reset();
+                let active = self.running.iter_mut().chain(self.waiting.iter_mut()).chain(self.holding.iter_mut());
+                active.for_each(|r| r.offload.next_stored_chunk = 0);
+            }
+        }
+        ok
     }
 
     /// Events produced outside a step (prefix-cache reset), to publish as their own batch.
@@ -197,8 +251,9 @@ impl Engine {
         self.running.len()
     }
 
+    /// Waiting requests, including those holding blocks for a CPU load (as vLLM counts).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.holding.len()
     }
 
     pub fn kv_usage(&self) -> f64 {
@@ -221,6 +276,31 @@ impl Engine {
 
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Whether this engine has a CPU offload tier.
+    pub fn has_cpu_tier(&self) -> bool {
+        self.cpu.is_some()
+    }
+
+    /// Engine hashes of the blocks the CPU tier holds readable (what a subscriber's CPU
+    /// view should hold), sorted; empty without a tier.
+    pub fn cpu_cached_hashes(&self) -> Vec<EngineHash> {
+        self.cpu.as_ref().map(CpuTier::cached_hashes).unwrap_or_default()
+    }
+
+    /// CPU blocks in use (stored or being written).
+    pub fn num_cpu_blocks_used(&self) -> usize {
+        self.cpu.as_ref().map_or(0, CpuTier::num_used)
+    }
+
+    /// CPU-tier hashes in eviction order (first evicted first); test/debug aid.
+    pub fn cpu_eviction_order(&self) -> Vec<EngineHash> {
+        self.cpu.as_ref().map(CpuTier::eviction_order).unwrap_or_default()
+    }
+
+    pub fn offload_stats(&self) -> Option<&OffloadStats> {
+        self.cpu.as_ref().map(|c| &c.stats)
     }
 }
 

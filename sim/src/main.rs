@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kvroute_sim::chat::ChatTokenizer;
 use kvroute_sim::cluster::{Cluster, ClusterConfig};
-use kvroute_sim::engine::{EngineConfig, StepProfile};
+use kvroute_sim::engine::{EngineConfig, OffloadConfig, StepProfile};
 use kvroute_sim::events::EventEncoding;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +55,22 @@ struct Args {
     prefill_us_per_token: f64,
     #[arg(long, default_value_t = 600.0)]
     decode_us_per_seq: f64,
+    /// KV cache bytes per token (all layers, K+V): what a CPU offload copy moves per token.
+    #[arg(long, default_value_t = 163_840)]
+    kv_bytes_per_token: u64,
+    /// CPU offload tier size in KV blocks (vLLM's --kv-offloading-size, in blocks); 0 = off.
+    #[arg(long, default_value_t = 0)]
+    cpu_blocks: usize,
+    /// Host-to-device bandwidth (GB/s) a reload from the CPU tier copies at.
+    #[arg(long, default_value_t = 25.0)]
+    h2d_gb_per_s: f64,
+    /// Device-to-host bandwidth (GB/s) a store into the CPU tier copies at.
+    #[arg(long, default_value_t = 25.0)]
+    d2h_gb_per_s: f64,
+    /// CPU-tier BlockStored events carry tokens, parent and block size (vLLM's
+    /// `self_describing_kv_events`) instead of placeholders.
+    #[arg(long)]
+    self_describing_kv_events: bool,
     /// Per-worker overrides, repeatable: `2:num_gpu_blocks=1000,step_overhead_ms=50`.
     #[arg(long = "worker-override")]
     worker_override: Vec<String>,
@@ -87,6 +103,10 @@ fn apply_override(base: &EngineConfig, spec: &str) -> Result<(usize, EngineConfi
             "step_overhead_ms" => e.profile.overhead_s = f / 1e3,
             "prefill_us_per_token" => e.profile.per_prefill_token_s = f / 1e6,
             "decode_us_per_seq" => e.profile.per_running_seq_s = f / 1e6,
+            "kv_bytes_per_token" => e.profile.kv_bytes_per_token = f as u64,
+            "cpu_blocks" => e.offload.cpu_blocks = f as usize,
+            "h2d_gb_per_s" => e.offload.h2d_gb_per_s = f,
+            "d2h_gb_per_s" => e.offload.d2h_gb_per_s = f,
             "time_scale" => e.time_scale = f,
             _ => bail!("unknown override key {k}"),
         }
@@ -104,6 +124,9 @@ async fn main() -> Result<()> {
     if a.time_scale <= 0.0 || !a.time_scale.is_finite() {
         bail!("--time-scale must be positive");
     }
+    if !(a.h2d_gb_per_s > 0.0 && a.d2h_gb_per_s > 0.0) {
+        bail!("--h2d-gb-per-s and --d2h-gb-per-s must be positive");
+    }
     if !(1..=256).contains(&a.dp_size) {
         bail!("--dp-size must be in 1..=256");
     }
@@ -118,8 +141,15 @@ async fn main() -> Result<()> {
             overhead_s: a.step_overhead_ms / 1e3,
             per_prefill_token_s: a.prefill_us_per_token / 1e6,
             per_running_seq_s: a.decode_us_per_seq / 1e6,
+            kv_bytes_per_token: a.kv_bytes_per_token,
         },
         time_scale: a.time_scale,
+        offload: OffloadConfig {
+            cpu_blocks: a.cpu_blocks,
+            h2d_gb_per_s: a.h2d_gb_per_s,
+            d2h_gb_per_s: a.d2h_gb_per_s,
+            self_describing_events: a.self_describing_kv_events,
+        },
     };
     let overrides = a.worker_override.iter().map(|s| apply_override(&engine, s)).collect::<Result<Vec<_>>>()?;
     let tokenizer = match &a.tokenizer_dir {

@@ -3,6 +3,12 @@
 //! router scrapes is what the engine did. Only the families a router reads are emitted.
 //! A worker with data-parallel ranks exposes one series per rank (`engine="<r>"`), as vLLM
 //! labels every metric with its engine index.
+//!
+//! Besides vLLM's families, two simulator counters report reuse honestly per request (vLLM's
+//! own `prefix_cache_*` count every scheduling attempt, preemptions included):
+//! `kvroute_sim_prompt_tokens_first_scheduled_total` (prompt tokens at a request's first
+//! scheduling) and `kvroute_sim_cached_tokens_first_scheduled_total{medium="GPU"|"CPU"}` (of
+//! those, GPU prefix-cache hits and CPU offload-tier loads).
 
 use crate::engine::stats::{EngineStats, Histogram};
 use crate::engine::Engine;
@@ -43,19 +49,44 @@ pub fn render(m: &MetricsInput<'_>) -> String {
             cfg.block_size, cfg.num_gpu_blocks
         );
     }
-    let counters: [(&str, &str, fn(&EngineStats) -> u64); 6] = [
+    let counters: [(&str, &str, fn(&EngineStats) -> u64); 9] = [
         ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", |s| s.prefix_cache_queries),
         ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", |s| s.prefix_cache_hits),
+        (
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+            |s| s.external_prefix_cache_queries,
+        ),
+        (
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+            |s| s.external_prefix_cache_hits,
+        ),
         ("vllm:prompt_tokens", "Number of prefill tokens processed.", |s| s.prompt_tokens),
         ("vllm:generation_tokens", "Number of generation tokens processed.", |s| s.generation_tokens),
         ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", |s| s.preemptions),
         ("vllm:request_success", "Count of successfully processed requests.", |s| s.requests_finished),
+        (
+            "kvroute_sim_prompt_tokens_first_scheduled",
+            "Prompt tokens of requests at their first scheduling (re-scheduling after preemption not counted).",
+            |s| s.prompt_tokens_first_scheduled,
+        ),
     ];
     for (name, help, value) in counters {
         let _ = write!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n");
         for (l, e) in series() {
             let _ = writeln!(out, "{name}_total{{{l}}} {}.0", value(e.stats()));
         }
+    }
+    let name = "kvroute_sim_cached_tokens_first_scheduled_total";
+    let _ = write!(
+        out,
+        "# HELP {name} Of the prompt tokens at first scheduling, those served from the GPU prefix cache (medium=GPU) or loaded from the CPU offload tier (medium=CPU).\n# TYPE {name} counter\n"
+    );
+    for (l, e) in series() {
+        let st = e.stats();
+        let _ = writeln!(out, "{name}{{{l},medium=\"GPU\"}} {}.0", st.cached_tokens_first_scheduled_gpu);
+        let _ = writeln!(out, "{name}{{{l},medium=\"CPU\"}} {}.0", st.cached_tokens_first_scheduled_cpu);
     }
     let hists: [(&str, &str, fn(&EngineStats) -> &Histogram); 4] = [
         ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", |s| &s.ttft),
@@ -121,6 +152,12 @@ mod tests {
         assert_eq!(get("vllm:prefix_cache_queries_total"), st.prefix_cache_queries as f64);
         assert_eq!(get("vllm:prefix_cache_hits_total"), st.prefix_cache_hits as f64);
         assert_eq!(get("vllm:generation_tokens_total"), st.generation_tokens as f64);
+        assert_eq!(get("kvroute_sim_prompt_tokens_first_scheduled_total"), st.prompt_tokens_first_scheduled as f64);
+        assert!(st.prompt_tokens_first_scheduled >= 200);
+        let cached = |m: &str| sample(&text, &format!("kvroute_sim_cached_tokens_first_scheduled_total{{model_name=\"m\",engine=\"0\",medium=\"{m}\"}}")).unwrap();
+        assert_eq!(cached("GPU"), st.cached_tokens_first_scheduled_gpu as f64);
+        assert_eq!(cached("CPU"), 0.0);
+        assert_eq!(get("vllm:external_prefix_cache_queries_total"), 0.0);
         assert_eq!(get("vllm:time_to_first_token_seconds_count"), st.ttft.count as f64);
         assert!(text.contains("num_gpu_blocks=\"5600\""));
         assert!(text.contains("block_size=\"16\""));

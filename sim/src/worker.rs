@@ -110,9 +110,10 @@ impl Worker {
     }
 
     /// vLLM's `/reset_prefix_cache`; publishes `AllBlocksCleared` at once on success.
-    pub fn reset_prefix_cache(&self) -> bool {
+    /// `reset_external` also empties the CPU offload tier (`?reset_external=true`).
+    pub fn reset_prefix_cache(&self, reset_external: bool) -> bool {
         let mut inner = self.inner.lock();
-        let ok = inner.engine.reset_prefix_cache();
+        let ok = inner.engine.reset_prefix_cache(reset_external);
         let events = inner.engine.take_pending_events();
         drop(inner);
         self.publish(&events);

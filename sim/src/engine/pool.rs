@@ -7,7 +7,7 @@
 //! pops from the head, evicting the popped block's hash, so cached blocks leave in
 //! least-recently-freed order (LRU). Evictions and insertions are reported as events.
 
-use super::event::KvEvent;
+use super::event::{KvEvent, Medium};
 use crate::ids::{BlockDigest, BlockId, EngineHash};
 use std::collections::HashMap;
 
@@ -88,7 +88,7 @@ impl BlockPool {
             self.unlink(id);
             if let Some(digest) = self.blocks[id as usize].hash.take() {
                 self.remove_cached(&digest, BlockId(id));
-                events.push(KvEvent::BlockRemoved { block_hashes: vec![digest.engine_hash()] });
+                events.push(KvEvent::BlockRemoved { block_hashes: vec![digest.engine_hash()], medium: Medium::Gpu });
             }
             self.blocks[id as usize].ref_cnt = 1;
             out.push(BlockId(id));
@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(pool.eviction_order(), vec![digest(2).engine_hash(), digest(0).engine_hash()]);
         let got = pool.allocate(1, &mut ev).unwrap();
         assert_eq!(got, vec![ids[2]]);
-        assert_eq!(ev, vec![KvEvent::BlockRemoved { block_hashes: vec![digest(2).engine_hash()] }]);
+        assert_eq!(ev, vec![KvEvent::BlockRemoved { block_hashes: vec![digest(2).engine_hash()], medium: Medium::Gpu }]);
         assert!(pool.allocate(2, &mut ev).is_none(), "pinned blocks are not evictable");
         assert_eq!(pool.get_cached(&digest(1)), Some(ids[1]));
     }

@@ -16,12 +16,29 @@ pub struct StepProfile {
     pub per_prefill_token_s: f64,
     /// Cost of each sequence in the batch (its KV reads + sampling), seconds.
     pub per_running_seq_s: f64,
+    /// KV cache bytes one token occupies (all layers, K and V): what a CPU-offload transfer
+    /// moves per token. Not part of the step time; the offload tier prices its copies with it.
+    #[serde(default = "default_kv_bytes_per_token")]
+    pub kv_bytes_per_token: u64,
+}
+
+/// 160 KiB: the profile's ~160 KB/token of FP8 KV (e.g. 80 layers x 8 KV heads x 128 dims
+/// x 2 (K, V) x 1 byte), the figure the default cache size is derived from.
+pub const DEFAULT_KV_BYTES_PER_TOKEN: u64 = 163_840;
+
+fn default_kv_bytes_per_token() -> u64 {
+    DEFAULT_KV_BYTES_PER_TOKEN
 }
 
 impl Default for StepProfile {
     /// One L40S (48 GB, 864 GB/s, ~362 dense FP8 TFLOPS) serving a ~27B FP8 model.
     fn default() -> Self {
-        StepProfile { overhead_s: 0.036, per_prefill_token_s: 0.000_30, per_running_seq_s: 0.000_6 }
+        StepProfile {
+            overhead_s: 0.036,
+            per_prefill_token_s: 0.000_30,
+            per_running_seq_s: 0.000_6,
+            kv_bytes_per_token: DEFAULT_KV_BYTES_PER_TOKEN,
+        }
     }
 }
 

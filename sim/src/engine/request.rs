@@ -1,5 +1,6 @@
 //! Request state inside the engine, and what the engine reports back per step.
 
+use super::offload::{LoadState, ReqOffload};
 use crate::ids::{BlockDigest, BlockId, RequestId};
 use serde::Serialize;
 
@@ -63,7 +64,14 @@ pub(crate) struct Request {
     pub num_computed: usize,
     /// Blocks of this request already registered in the prefix cache.
     pub num_cached_blocks: usize,
+    /// Prompt tokens served from a cache (GPU hits + CPU loads) at first scheduling.
     pub cached_tokens: Option<usize>,
+    pub num_preemptions: u32,
+    /// CPU offload tier: this request's access state and store progress.
+    pub offload: ReqOffload,
+    /// Set while the request waits holding blocks for a CPU load (vLLM's
+    /// `WAITING_FOR_REMOTE_KVS`, then `WAITING` in `kv_holding_waiting`).
+    pub load: Option<LoadState>,
     pub arrival: f64,
     pub first_scheduled: Option<f64>,
     pub first_token: Option<f64>,

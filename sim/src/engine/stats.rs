@@ -47,6 +47,17 @@ pub struct EngineStats {
     pub prefix_cache_hits: u64,
     pub preemptions: u64,
     pub requests_finished: u64,
+    /// Prompt tokens of requests at their first scheduling (not again after preemption).
+    pub prompt_tokens_first_scheduled: u64,
+    /// Of those, tokens hit in the GPU prefix cache.
+    pub cached_tokens_first_scheduled_gpu: u64,
+    /// Of those, tokens loaded from the CPU offload tier.
+    pub cached_tokens_first_scheduled_cpu: u64,
+    /// vLLM's connector lookups (`vllm:external_prefix_cache_queries`): tokens past the GPU
+    /// hit, per admission of a request never preempted; 0 without a CPU tier.
+    pub external_prefix_cache_queries: u64,
+    /// Of those, tokens the CPU tier supplied (`vllm:external_prefix_cache_hits`).
+    pub external_prefix_cache_hits: u64,
     pub ttft: Histogram,
     pub e2e: Histogram,
     pub queue_time: Histogram,
@@ -62,6 +73,11 @@ impl Default for EngineStats {
             prefix_cache_hits: 0,
             preemptions: 0,
             requests_finished: 0,
+            prompt_tokens_first_scheduled: 0,
+            cached_tokens_first_scheduled_gpu: 0,
+            cached_tokens_first_scheduled_cpu: 0,
+            external_prefix_cache_queries: 0,
+            external_prefix_cache_hits: 0,
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(LATENCY_BUCKETS),
             queue_time: Histogram::new(LATENCY_BUCKETS),

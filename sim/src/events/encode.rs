@@ -5,9 +5,12 @@
 //! tagged struct with `omit_defaults=True`: a map whose first key is `"type"`, followed by
 //! the fields in declaration order; fields without a default (`block_hashes`,
 //! `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, `lora_name`) are
-//! always present, defaulted ones only when not None. vLLM always sets `group_idx` (0) and
-//! `extra_keys` (one entry per block, None when the block has none), so both appear.
-//! Golden bytes in the tests come from msgspec itself with the same Struct options.
+//! always present, defaulted ones only when not None. vLLM always sets `group_idx` (0); GPU
+//! events always carry `extra_keys` (one entry per block, None when the block has none).
+//! CPU-tier events (the offloading connector's, `offloading/events.py`) carry `medium: "CPU"`
+//! and no `extra_keys`; a self-describing one adds `kv_cache_spec_kind`.
+//! Golden bytes in the tests come from msgspec itself with the same Struct options (the CPU
+//! ones from vLLM 0.33's own `kv_events.py` classes).
 //! `Legacy` is the pre-0.26 positional form `["BlockStored", hashes, parent, tokens,
 //! block_size, lora_id, medium, lora_name]`.
 
@@ -20,8 +23,6 @@ pub enum EventEncoding {
     Map,
     Legacy,
 }
-
-const MEDIUM_GPU: &str = "GPU";
 
 /// Encode one batch payload (the third ZMQ frame).
 pub fn encode_batch(ts: f64, events: &[KvEvent], dp_rank: u32, enc: EventEncoding) -> Vec<u8> {
@@ -64,10 +65,11 @@ fn opt_uint(out: &mut Vec<u8>, v: Option<u64>) {
 
 fn write_map_event(out: &mut Vec<u8>, ev: &KvEvent) {
     match ev {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, extra_keys } => {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, extra_keys, medium, kv_cache_spec_kind } => {
             // msgspec reserves a map16 header when a struct has more than 15 possible
             // fields (BlockStored has 15 + the tag), even if fewer are written.
-            out.extend_from_slice(&[0xde, 0x00, 10]);
+            let n = 9 + u8::from(extra_keys.is_some()) + u8::from(kv_cache_spec_kind.is_some());
+            out.extend_from_slice(&[0xde, 0x00, n]);
             s(out, "type");
             s(out, "BlockStored");
             s(out, "block_hashes");
@@ -81,33 +83,39 @@ fn write_map_event(out: &mut Vec<u8>, ev: &KvEvent) {
             s(out, "lora_id");
             let _ = mp::write_nil(out);
             s(out, "medium");
-            s(out, MEDIUM_GPU);
+            s(out, medium.as_str());
             s(out, "lora_name");
             let _ = mp::write_nil(out);
-            s(out, "extra_keys");
-            let _ = mp::write_array_len(out, extra_keys.len() as u32);
-            for keys in extra_keys {
-                match keys {
-                    None => {
-                        let _ = mp::write_nil(out);
-                    }
-                    Some(keys) => {
-                        let _ = mp::write_array_len(out, keys.len() as u32);
-                        keys.iter().for_each(|k| s(out, k));
+            if let Some(extra_keys) = extra_keys {
+                s(out, "extra_keys");
+                let _ = mp::write_array_len(out, extra_keys.len() as u32);
+                for keys in extra_keys {
+                    match keys {
+                        None => {
+                            let _ = mp::write_nil(out);
+                        }
+                        Some(keys) => {
+                            let _ = mp::write_array_len(out, keys.len() as u32);
+                            keys.iter().for_each(|k| s(out, k));
+                        }
                     }
                 }
             }
             s(out, "group_idx");
             let _ = mp::write_uint(out, 0);
+            if let Some(kind) = kv_cache_spec_kind {
+                s(out, "kv_cache_spec_kind");
+                s(out, kind);
+            }
         }
-        KvEvent::BlockRemoved { block_hashes } => {
+        KvEvent::BlockRemoved { block_hashes, medium } => {
             let _ = mp::write_map_len(out, 4);
             s(out, "type");
             s(out, "BlockRemoved");
             s(out, "block_hashes");
             uints(out, block_hashes.iter().map(|h| h.0));
             s(out, "medium");
-            s(out, MEDIUM_GPU);
+            s(out, medium.as_str());
             s(out, "group_idx");
             let _ = mp::write_uint(out, 0);
         }
@@ -121,7 +129,7 @@ fn write_map_event(out: &mut Vec<u8>, ev: &KvEvent) {
 
 fn write_legacy_event(out: &mut Vec<u8>, ev: &KvEvent) {
     match ev {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, .. } => {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, medium, .. } => {
             let _ = mp::write_array_len(out, 8);
             s(out, "BlockStored");
             uints(out, block_hashes.iter().map(|h| h.0));
@@ -129,14 +137,14 @@ fn write_legacy_event(out: &mut Vec<u8>, ev: &KvEvent) {
             uints(out, token_ids.iter().map(|&t| u64::from(t)));
             let _ = mp::write_uint(out, u64::from(*block_size));
             let _ = mp::write_nil(out);
-            s(out, MEDIUM_GPU);
+            s(out, medium.as_str());
             let _ = mp::write_nil(out);
         }
-        KvEvent::BlockRemoved { block_hashes } => {
+        KvEvent::BlockRemoved { block_hashes, medium } => {
             let _ = mp::write_array_len(out, 3);
             s(out, "BlockRemoved");
             uints(out, block_hashes.iter().map(|h| h.0));
-            s(out, MEDIUM_GPU);
+            s(out, medium.as_str());
         }
         KvEvent::AllBlocksCleared => {
             let _ = mp::write_array_len(out, 1);

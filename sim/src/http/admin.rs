@@ -1,5 +1,6 @@
 //! vLLM's auxiliary endpoints: `/health`, `/v1/models`, `/tokenize`, `/metrics` (one series
-//! per data-parallel rank) and `/reset_prefix_cache` (every rank). The simulator's own
+//! per data-parallel rank) and `/reset_prefix_cache` (every rank; `?reset_external=true` also
+//! empties the CPU offload tier, as vLLM's connector reset). The simulator's own
 //! endpoints are in `simctl.rs`.
 
 use super::error::{parse_json, ApiError};
@@ -7,7 +8,7 @@ use super::openai::{check_model, utf8};
 use super::AppState;
 use crate::metrics::{render, MetricsInput};
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -61,7 +62,13 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
 }
 
-pub async fn reset_prefix_cache(State(s): State<AppState>) -> Json<Value> {
-    let ok = s.worker.reset_prefix_cache();
+#[derive(Deserialize, Default)]
+pub struct ResetQuery {
+    #[serde(default)]
+    reset_external: bool,
+}
+
+pub async fn reset_prefix_cache(State(s): State<AppState>, Query(q): Query<ResetQuery>) -> Json<Value> {
+    let ok = s.worker.reset_prefix_cache(q.reset_external);
     Json(json!({"reset": ok, "message": if ok { "prefix cache reset" } else { "blocks in use; not reset (as vLLM)" }}))
 }

@@ -5,6 +5,9 @@
 //! fields are rank 0's, unchanged from before data parallelism; with several they are
 //! worker totals (counts summed, `cached_block_hashes` the sorted union, `publisher`,
 //! `stats`, `faults` and `dp_rank` null). `ranks[r]` always has rank r's own view.
+//! `cpu_cached_block_hashes` is the CPU offload tier's counterpart of `cached_block_hashes`
+//! (readable CPU blocks: what a subscriber's `medium: CPU` view should hold; empty without a
+//! tier), `num_cpu_blocks_used` its occupancy and `offload` its counters (null without one).
 
 use super::error::{parse_json, ApiError};
 use super::{AppState, Faults};
@@ -39,6 +42,8 @@ async fn rank_state(w: &Worker, faults: &Faults) -> Map<String, Value> {
         "num_requests_running": e.num_running(), "num_requests_waiting": e.num_waiting(),
         "kv_cache_usage": e.kv_usage(), "num_free_blocks": e.num_free_blocks(),
         "stats": e.stats(), "cached_block_hashes": e.cached_hashes(),
+        "cpu_cached_block_hashes": e.cpu_cached_hashes(), "num_cpu_blocks_used": e.num_cpu_blocks_used(),
+        "offload": e.offload_stats(),
         "restarts": inner.restarts, "faults": faults, "publisher": publisher,
     });
     match v {
@@ -50,13 +55,18 @@ async fn rank_state(w: &Worker, faults: &Faults) -> Map<String, Value> {
 /// Worker totals over several ranks.
 fn totals(ranks: &[Map<String, Value>]) -> Map<String, Value> {
     let sum = |k: &str| ranks.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
-    let hashes: BTreeSet<u64> = ranks.iter().flat_map(|r| r["cached_block_hashes"].as_array().into_iter().flatten().filter_map(Value::as_u64)).collect();
+    let union = |k: &str| -> BTreeSet<u64> {
+        ranks.iter().flat_map(|r| r[k].as_array().into_iter().flatten().filter_map(Value::as_u64)).collect()
+    };
+    let hashes = union("cached_block_hashes");
     let usage = ranks.iter().filter_map(|r| r["kv_cache_usage"].as_f64()).sum::<f64>() / ranks.len().max(1) as f64;
     let v = json!({
         "dp_rank": null,
         "num_requests_running": sum("num_requests_running"), "num_requests_waiting": sum("num_requests_waiting"),
         "kv_cache_usage": usage, "num_free_blocks": sum("num_free_blocks"),
         "stats": null, "cached_block_hashes": hashes,
+        "cpu_cached_block_hashes": union("cpu_cached_block_hashes"), "num_cpu_blocks_used": sum("num_cpu_blocks_used"),
+        "offload": null,
         "restarts": sum("restarts"), "faults": null, "publisher": null,
     });
     match v {

@@ -33,10 +33,14 @@ pub async fn start_dp(workers: usize, dp_size: usize, num_gpu_blocks: usize, tim
     Cluster::start(cfg, Arc::new(ChatTokenizer::byte_fallback())).await.expect("start cluster")
 }
 
-/// Applies event batches to a block set, tracking the next expected sequence number.
+/// Applies event batches to a block set per medium, tracking the next expected sequence
+/// number. `AllBlocksCleared` is the GPU pool's: it leaves the CPU tier's set alone.
 #[derive(Default)]
 pub struct Mirror {
+    /// `medium: "GPU"` blocks.
     pub blocks: BTreeSet<u64>,
+    /// `medium: "CPU"` blocks (the offload tier).
+    pub cpu_blocks: BTreeSet<u64>,
     pub next_seq: u64,
     pub gaps: u64,
     /// Every `data_parallel_rank` the applied batches carried.
@@ -55,10 +59,15 @@ impl Mirror {
             let hashes = || -> Vec<u64> {
                 get("block_hashes").and_then(|h| h.as_array().cloned()).unwrap_or_default().iter().filter_map(|h| h.as_u64()).collect()
             };
+            let medium = get("medium").and_then(|m| m.as_str().map(str::to_string));
+            let set = match medium.as_deref() {
+                Some("CPU") => &mut self.cpu_blocks,
+                _ => &mut self.blocks,
+            };
             match get("type").and_then(|t| t.as_str().map(str::to_string)).as_deref() {
-                Some("BlockStored") => self.blocks.extend(hashes()),
+                Some("BlockStored") => set.extend(hashes()),
                 Some("BlockRemoved") => hashes().iter().for_each(|h| {
-                    self.blocks.remove(h);
+                    set.remove(h);
                 }),
                 Some("AllBlocksCleared") => self.blocks.clear(),
                 other => panic!("unknown event {other:?}"),
@@ -134,6 +143,17 @@ pub async fn state(client: &reqwest::Client, http: &str) -> serde_json::Value {
 
 pub fn engine_blocks(state: &serde_json::Value) -> BTreeSet<u64> {
     state["cached_block_hashes"].as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect()
+}
+
+/// What the CPU offload tier holds, as `/sim/state` reports it.
+pub fn cpu_blocks(state: &serde_json::Value) -> BTreeSet<u64> {
+    state["cpu_cached_block_hashes"].as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect()
+}
+
+/// One worker with the given engine configuration, on free ports.
+pub async fn start_engine(engine: EngineConfig) -> Cluster {
+    let cfg = ClusterConfig { workers: 1, http_port: 0, zmq_port: 0, engine, ..ClusterConfig::default() };
+    Cluster::start(cfg, Arc::new(ChatTokenizer::byte_fallback())).await.expect("start cluster")
 }
 
 pub async fn complete(client: &reqwest::Client, http: &str, prompt: Vec<u32>, max_tokens: u32) -> serde_json::Value {
