@@ -3,12 +3,14 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use kvroute_bench::bounds::{self, capacity::SimFlags, Capacity};
 use kvroute_bench::compare::{CompareSpec, POLICIES};
 use kvroute_bench::runner::{Arrival, RunSpec};
 use kvroute_bench::stats::Slo;
 use kvroute_bench::workload::{
-    independent, multi_turn, shared_prefix, trace, PromptMode, Workload,
+    independent, multi_turn, production, shared_prefix, trace, PromptMode, Workload,
 };
+use production::ProductionSpec;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -184,5 +186,198 @@ impl CompareArgs {
             time_scale,
             progress: !self.no_progress,
         })
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Shape {
+    /// The small sample's shape: a few shared roots, some conversations (sample.jsonl).
+    Synthetic,
+    /// Conversations with heavy-tailed think time, a universal system block, app prompts,
+    /// long-tailed prompts up to the model's context (see workload/production.rs).
+    Production,
+}
+
+/// `gen-trace`: write a Mooncake JSONL trace.
+#[derive(Args, Debug)]
+pub struct GenTraceArgs {
+    #[arg(long, value_enum, default_value = "synthetic")]
+    pub shape: Shape,
+    /// Default: bench/traces/sample.jsonl (synthetic), bench/traces/production.jsonl (production).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// synthetic: number of requests.
+    #[arg(long, default_value_t = 240)]
+    pub requests: usize,
+    /// synthetic: requests/s (default 1); production: conversation arrivals/s (default 1).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// synthetic: shared roots.
+    #[arg(long, default_value_t = 12)]
+    pub roots: u64,
+    /// Default 7 (synthetic, the shipped sample) or 11 (production).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// production: conversations.
+    #[arg(long, default_value_t = ProductionSpec::default().conversations)]
+    pub conversations: usize,
+    /// production: mean turns per conversation (geometric).
+    #[arg(long, default_value_t = ProductionSpec::default().mean_turns)]
+    pub mean_turns: f64,
+    #[arg(long, default_value_t = ProductionSpec::default().max_turns)]
+    pub max_turns: usize,
+    /// production: median think time between a conversation's turns (lognormal), seconds.
+    #[arg(long, default_value_t = ProductionSpec::default().think_median_s)]
+    pub think_median_s: f64,
+    /// production: the think time's lognormal shape (larger = heavier tail).
+    #[arg(long, default_value_t = ProductionSpec::default().think_sigma)]
+    pub think_sigma: f64,
+    /// production: median first-message tokens (lognormal), after the shared prefixes.
+    #[arg(long, default_value_t = ProductionSpec::default().first_median_tokens)]
+    pub first_median_tokens: f64,
+    #[arg(long, default_value_t = ProductionSpec::default().first_sigma)]
+    pub first_sigma: f64,
+    /// production: median follow-up message tokens (lognormal).
+    #[arg(long, default_value_t = ProductionSpec::default().followup_median_tokens)]
+    pub followup_median_tokens: f64,
+    #[arg(long, default_value_t = ProductionSpec::default().followup_sigma)]
+    pub followup_sigma: f64,
+    /// production: mean answer tokens (lognormal).
+    #[arg(long, default_value_t = ProductionSpec::default().output_mean_tokens)]
+    pub output_mean_tokens: f64,
+    #[arg(long, default_value_t = ProductionSpec::default().output_sigma)]
+    pub output_sigma: f64,
+    #[arg(long, default_value_t = ProductionSpec::default().max_output_tokens)]
+    pub max_output_tokens: u32,
+    /// production: prompt + answer of every request fit this (the sims' --max-model-len).
+    #[arg(long, default_value_t = ProductionSpec::default().max_model_len)]
+    pub max_model_len: usize,
+    /// production: shared application prompts (0 = none) ...
+    #[arg(long, default_value_t = ProductionSpec::default().apps)]
+    pub apps: u64,
+    /// ... the fraction of conversations that carry one ...
+    #[arg(long, default_value_t = ProductionSpec::default().app_fraction)]
+    pub app_fraction: f64,
+    /// ... each 1..=N blocks of 512 tokens ...
+    #[arg(long, default_value_t = ProductionSpec::default().app_max_blocks)]
+    pub app_max_blocks: usize,
+    /// ... with Zipf popularity of this exponent.
+    #[arg(long, default_value_t = ProductionSpec::default().app_zipf)]
+    pub app_zipf: f64,
+    /// production: keep only the first this many seconds of traffic (a window).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+}
+
+impl GenTraceArgs {
+    pub fn production_spec(&self) -> ProductionSpec {
+        let d = ProductionSpec::default();
+        ProductionSpec {
+            conversations: self.conversations,
+            rate_per_s: self.rate.unwrap_or(d.rate_per_s),
+            mean_turns: self.mean_turns,
+            max_turns: self.max_turns,
+            think_median_s: self.think_median_s,
+            think_sigma: self.think_sigma,
+            first_median_tokens: self.first_median_tokens,
+            first_sigma: self.first_sigma,
+            followup_median_tokens: self.followup_median_tokens,
+            followup_sigma: self.followup_sigma,
+            output_mean_tokens: self.output_mean_tokens,
+            output_sigma: self.output_sigma,
+            max_output_tokens: self.max_output_tokens,
+            max_model_len: self.max_model_len,
+            apps: self.apps,
+            app_fraction: self.app_fraction,
+            app_max_blocks: self.app_max_blocks,
+            app_zipf: self.app_zipf,
+            duration_s: self.duration_s,
+            seed: self.seed.unwrap_or(d.seed),
+        }
+    }
+
+    pub fn run(&self) -> Result<()> {
+        let (records, out, about) = match self.shape {
+            Shape::Synthetic => {
+                let spec = trace::SynthSpec {
+                    requests: self.requests,
+                    rate_per_s: self.rate.unwrap_or(1.0),
+                    roots: self.roots,
+                    seed: self.seed.unwrap_or(7),
+                };
+                (trace::synthesize(&spec), "bench/traces/sample.jsonl", String::new())
+            }
+            Shape::Production => {
+                let reqs = production::generate(&self.production_spec())?;
+                let about = production::describe(&reqs);
+                (production::records(&reqs), "bench/traces/production.jsonl", about)
+            }
+        };
+        let out = self.out.clone().unwrap_or_else(|| PathBuf::from(out));
+        let mut text = String::new();
+        for r in &records {
+            text.push_str(&serde_json::to_string(r)?);
+            text.push('\n');
+        }
+        std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+        println!("wrote {} records to {}", records.len(), out.display());
+        if !about.is_empty() {
+            println!("{about}");
+        }
+        Ok(())
+    }
+}
+
+/// How the oracle bound learns the fleet's KV capacity (see bounds/capacity.rs).
+#[derive(Args, Debug, Clone, serde::Serialize)]
+pub struct CapacityArgs {
+    /// The fleet's total KV capacity in tokens for the oracle bound, instead of the
+    /// workers' vllm:cache_config_info or the --workers / --sim-arg flags.
+    #[arg(long)]
+    pub oracle_capacity_tokens: Option<u64>,
+}
+
+impl CapacityArgs {
+    /// From the workers' metrics texts when given and complete, else the flags.
+    pub fn resolve(&self, workers: usize, sim_args: &[String], metrics: Option<&[String]>) -> Capacity {
+        let flags = Capacity::from_sim_args(workers, sim_args);
+        let cpu = SimFlags::parse(sim_args).cpu_total(workers);
+        let cap = metrics.and_then(|m| Capacity::from_cache_config(m, cpu)).unwrap_or(flags);
+        match self.oracle_capacity_tokens {
+            Some(t) => cap.with_total_tokens(t),
+            None => cap,
+        }
+    }
+}
+
+/// `bounds`: a workload's reuse bounds without running anything.
+#[derive(Args, Debug)]
+pub struct BoundsArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub capacity: CapacityArgs,
+    /// Simulated workers the capacity is for.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// The sims' flags, as for `stack` (--sim-arg=--num-gpu-blocks --sim-arg=3000).
+    #[arg(long, allow_hyphen_values = true)]
+    pub sim_arg: Vec<String>,
+    /// Also write the bounds as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+impl BoundsArgs {
+    pub fn run(&self) -> Result<()> {
+        let workload = self.workload.build().context("building the workload")?;
+        let capacity = self.capacity.resolve(self.workers, &self.sim_arg, None);
+        let b = bounds::of_workload(&workload, self.workload.seed, capacity);
+        println!("{}", b.summary());
+        if let Some(p) = &self.json {
+            std::fs::write(p, serde_json::to_string_pretty(&b)?).with_context(|| format!("writing {}", p.display()))?;
+            println!("wrote {}", p.display());
+        }
+        Ok(())
     }
 }

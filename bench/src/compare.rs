@@ -3,8 +3,9 @@
 //! reset and the policy is switched, so no pass inherits another's warm cache; after it,
 //! the run waits for the workers to drain so stragglers do not load the next pass.
 
+use crate::bounds::ReuseBounds;
 use crate::control::Control;
-use crate::report::{CacheDelta, PassResult, RunReport};
+use crate::report::{CacheDelta, PassResult, Reuse, RunReport};
 use crate::runner::{self, Arrival, RunSpec};
 use crate::stats::{Slo, Summary};
 use crate::workload::Workload;
@@ -54,6 +55,7 @@ pub async fn run_pass(
     control.set_policy(policy).await?;
     tokio::time::sleep(spec.settle).await;
     let before = control.cache_counters().await?;
+    let first_before = control.first_scheduled().await;
     let degraded_before = control.state_degraded().await;
     let mut run = spec.run.clone();
     run.arrival = match rate {
@@ -73,6 +75,10 @@ pub async fn run_pass(
     }
     let after = control.cache_counters().await?;
     let cache = CacheDelta { queries: after.queries - before.queries, hits: after.hits - before.hits };
+    let first_scheduled = match (first_before, control.first_scheduled().await) {
+        (Some(b), Some(a)) => Some(Reuse::from_delta(a.since(&b))),
+        _ => None,
+    };
     let state_degraded = match (degraded_before, control.state_degraded().await) {
         (Some(b), Some(a)) => Some(a - b),
         (None, Some(a)) => Some(a),
@@ -84,17 +90,21 @@ pub async fn run_pass(
         summary: Summary::new(&out.samples, out.duration_s, spec.slo),
         cache_hit_ratio: cache.hit_ratio(),
         cache,
+        first_scheduled,
+        share_of_oracle: None,
         state_degraded,
         samples: out.samples,
     })
 }
 
 /// Every (rate, policy) pass, in that order; `on_pass` sees each result as it lands.
+/// `bounds`: the workload's reuse bounds, which each pass's reuse is related to.
 pub async fn compare(
     workload: &Workload,
     control: &Control,
     spec: &CompareSpec,
     params: serde_json::Value,
+    bounds: Option<ReuseBounds>,
     mut on_pass: impl FnMut(&PassResult),
 ) -> Result<RunReport, BenchError> {
     let rates: Vec<Option<f64>> =
@@ -102,7 +112,8 @@ pub async fn compare(
     let mut passes = Vec::new();
     for rate in rates {
         for policy in &spec.policies {
-            let p = run_pass(workload, control, spec, policy, rate).await?;
+            let mut p = run_pass(workload, control, spec, policy, rate).await?;
+            p.relate_to(bounds.as_ref());
             on_pass(&p);
             passes.push(p);
         }
@@ -114,5 +125,6 @@ pub async fn compare(
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         time_scale: spec.time_scale,
         passes,
+        bounds,
     })
 }

@@ -3,12 +3,124 @@
 //! prefix-cache counters and the state service's degraded-decision counters.
 //!
 //! Prometheus text is parsed with a deliberately small reader (name, labels, value) that
-//! sums a family over all its label sets; it only has to read what the sim and the state
-//! service emit.
+//! sums a family over all its label sets, or over those with one label value; it only has
+//! to read what the sim and the state service emit.
+//!
+//! First-scheduling reuse comes from the sims' `kvroute_sim_prompt_tokens_first_scheduled_total`
+//! and `kvroute_sim_cached_tokens_first_scheduled_total{medium="GPU"|"CPU"}`: tokens counted
+//! once per request, when it is first scheduled (vLLM's own prefix-cache counters count every
+//! admission, so a preempted request's re-admission hits its own blocks again). Workers that
+//! lack them make the figure `None` ("n/a"), never an error.
 
-use crate::report::CacheDelta;
+use crate::report::{CacheDelta, FirstScheduled};
 use crate::BenchError;
 use std::time::{Duration, Instant};
+
+pub const FIRST_SCHEDULED_PROMPT: &str = "kvroute_sim_prompt_tokens_first_scheduled_total";
+pub const FIRST_SCHEDULED_CACHED: &str = "kvroute_sim_cached_tokens_first_scheduled_total";
+
+/// One sample line of the exposition format.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Series {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+/// `name{k="v",...} value [timestamp]`; `None` for comments, blanks and lines it cannot read.
+fn parse_line(line: &str) -> Option<Series> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let name = line[..name_end].to_string();
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(body) = rest.strip_prefix('{') {
+        let mut chars = body.char_indices().peekable();
+        let close = loop {
+            while chars.peek().is_some_and(|(_, c)| c.is_whitespace() || *c == ',') {
+                chars.next();
+            }
+            match chars.peek() {
+                Some(&(i, '}')) => break i,
+                None => return None,
+                _ => {}
+            }
+            let mut key = String::new();
+            for (_, c) in chars.by_ref() {
+                if c == '=' {
+                    break;
+                }
+                key.push(c);
+            }
+            if chars.next().map(|(_, c)| c) != Some('"') {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '"' => break,
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    c => value.push(c),
+                }
+            }
+            labels.push((key.trim().to_string(), value));
+        };
+        rest = &body[close + 1..];
+    }
+    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+    Some(Series { name, labels, value })
+}
+
+/// Every sample in exposition `text`.
+pub fn parse_series(text: &str) -> Vec<Series> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+/// Sum of the samples of `name` whose label `key` is `value`; `None` when there are none.
+pub fn sum_metric_where(text: &str, name: &str, key: &str, value: &str) -> Option<f64> {
+    parse_series(text)
+        .into_iter()
+        .filter(|s| s.name == name && s.label(key) == Some(value))
+        .fold(None, |acc, s| Some(acc.unwrap_or(0.0) + s.value))
+}
+
+/// One worker's first-scheduling counters; `None` when it lacks the prompt counter.
+pub fn first_scheduled_of(text: &str) -> Option<FirstScheduled> {
+    Some(FirstScheduled {
+        prompt_tokens: parse_series(text)
+            .into_iter()
+            .filter(|s| s.name == FIRST_SCHEDULED_PROMPT)
+            .fold(None, |acc, s| Some(acc.unwrap_or(0.0) + s.value))?,
+        cached_gpu: sum_metric_where(text, FIRST_SCHEDULED_CACHED, "medium", "GPU"),
+        cached_cpu: sum_metric_where(text, FIRST_SCHEDULED_CACHED, "medium", "CPU"),
+    })
+}
+
+/// The fleet's counters: every worker must have each one, else that one is `None`.
+pub fn first_scheduled_total(per_worker: &[Option<FirstScheduled>]) -> Option<FirstScheduled> {
+    let all: Vec<FirstScheduled> = per_worker.iter().copied().collect::<Option<_>>()?;
+    if all.is_empty() {
+        return None;
+    }
+    let sum = |f: fn(&FirstScheduled) -> Option<f64>| all.iter().map(f).sum::<Option<f64>>();
+    Some(FirstScheduled {
+        prompt_tokens: all.iter().map(|w| w.prompt_tokens).sum(),
+        cached_gpu: sum(|w| w.cached_gpu),
+        cached_cpu: sum(|w| w.cached_cpu),
+    })
+}
 
 /// Sum of every sample of metric `name` (exact name, any labels) in exposition `text`.
 pub fn sum_metric(text: &str, name: &str) -> Option<f64> {
@@ -124,6 +236,23 @@ impl Control {
         Ok(total)
     }
 
+    /// Every worker's `/metrics` text; `None` if any cannot be read.
+    pub async fn worker_metrics(&self) -> Option<Vec<String>> {
+        let mut out = Vec::with_capacity(self.workers.len());
+        for w in &self.workers {
+            out.push(self.get_text(&format!("{w}/metrics")).await.ok()?);
+        }
+        Some(out)
+    }
+
+    /// The sims' first-scheduling counters summed over the workers (absolute); `None` when
+    /// a worker cannot be read or lacks them.
+    pub async fn first_scheduled(&self) -> Option<FirstScheduled> {
+        let texts = self.worker_metrics().await?;
+        let per: Vec<Option<FirstScheduled>> = texts.iter().map(|t| first_scheduled_of(t)).collect();
+        first_scheduled_total(&per)
+    }
+
     /// The state service's degraded / fallback decision counters, summed; `None` when it
     /// exposes none (then the response headers are the only source).
     pub async fn state_degraded(&self) -> Option<f64> {
@@ -169,5 +298,35 @@ mod tests {
         assert_eq!(sum_metric(TEXT, "vllm:prefix_cache_queries_total"), Some(400.0));
         assert_eq!(sum_metric(TEXT, "vllm:missing"), None);
         assert_eq!(sum_counters_matching(TEXT, &["degraded", "fallback"]), Some(3.0));
+    }
+
+    const SIM: &str = "# TYPE kvroute_sim_prompt_tokens_first_scheduled_total counter\n\
+        kvroute_sim_prompt_tokens_first_scheduled_total{model_name=\"m\",engine=\"0\"} 1000.0\n\
+        kvroute_sim_prompt_tokens_first_scheduled_total{model_name=\"m\",engine=\"1\"} 500\n\
+        kvroute_sim_cached_tokens_first_scheduled_total{model_name=\"m\",engine=\"0\",medium=\"GPU\"} 600\n\
+        kvroute_sim_cached_tokens_first_scheduled_total{model_name=\"m\",engine=\"1\",medium=\"GPU\"} 100\n\
+        kvroute_sim_cached_tokens_first_scheduled_total{model_name=\"m\",engine=\"0\",medium=\"CPU\"} 50 1700000000\n\
+        vllm:cache_config_info{block_size=\"16\",name=\"a \\\"q\\\", b}\",num_gpu_blocks=\"5600\"} 1.0\n";
+
+    #[test]
+    fn reads_labels_and_first_scheduled_counters() {
+        let s = parse_series(SIM);
+        assert_eq!(s.len(), 6);
+        assert_eq!(s[5].label("name"), Some("a \"q\", b}"));
+        assert_eq!(s[5].label("num_gpu_blocks"), Some("5600"));
+        assert_eq!(s[4].value, 50.0, "a trailing timestamp is not the value");
+        let fs = first_scheduled_of(SIM).unwrap();
+        assert_eq!(fs, FirstScheduled { prompt_tokens: 1500.0, cached_gpu: Some(700.0), cached_cpu: Some(50.0) });
+        // vLLM-only metrics (no kvroute_sim counters): n/a, not an error.
+        assert_eq!(first_scheduled_of(TEXT), None);
+        let gpu_only = first_scheduled_of(&SIM.replace("medium=\"CPU\"", "medium=\"DISK\"")).unwrap();
+        assert_eq!(gpu_only.cached_cpu, None);
+        // Fleet totals: a worker without the counters makes the whole figure n/a.
+        assert_eq!(first_scheduled_total(&[Some(fs), None]), None);
+        assert_eq!(first_scheduled_total(&[]), None);
+        let both = first_scheduled_total(&[Some(fs), Some(gpu_only)]).unwrap();
+        assert_eq!(both.prompt_tokens, 3000.0);
+        assert_eq!(both.cached_gpu, Some(1400.0));
+        assert_eq!(both.cached_cpu, None, "one worker has no CPU series");
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! Module map:
 //! - [`workload`]: seeded workloads (shared-prefix groups, multi-turn sessions, independent
-//!   prompts, Mooncake trace replay) and the OpenAI request bodies they become.
+//!   prompts, Mooncake trace replay, a production-shaped trace generator) and the OpenAI
+//!   request bodies they become.
+//! - [`bounds`]: the workload's policy-independent reuse bounds (infinite cache, and an
+//!   oracle with the fleet's KV capacity).
 //! - [`stats`]: percentiles, goodput under a TTFT SLO, per-pass summaries.
 //! - [`report`] / [`plot`]: terminal and markdown tables, JSON, SVG plots.
 //! - [`client`]: one streaming request, timed at the first token and the last.
@@ -15,6 +18,7 @@
 //!
 //! Everything only ever talks to loopback addresses ([`target::ensure_loopback`]).
 
+pub mod bounds;
 pub mod client;
 pub mod compare;
 pub mod control;

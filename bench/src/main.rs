@@ -7,7 +7,6 @@ mod stack_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use kvroute_bench::workload::trace;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -20,20 +19,11 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Start the whole stack on loopback (or --attach to a running one) and compare policies.
-    Stack(stack_cmd::StackArgs),
-    /// Write a synthetic Mooncake-format trace (the shipped sample is made by this).
-    GenTrace {
-        #[arg(long, default_value = "bench/traces/sample.jsonl")]
-        out: PathBuf,
-        #[arg(long, default_value_t = 240)]
-        requests: usize,
-        #[arg(long, default_value_t = 1.0)]
-        rate: f64,
-        #[arg(long, default_value_t = 12)]
-        roots: u64,
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-    },
+    Stack(Box<stack_cmd::StackArgs>),
+    /// Write a Mooncake-format trace: --shape synthetic (the shipped sample) or production.
+    GenTrace(Box<cli::GenTraceArgs>),
+    /// Print a workload's reuse bounds (infinite cache, oracle with the fleet's KV) without a stack.
+    Bounds(Box<cli::BoundsArgs>),
     /// Redraw the table and plots from a report.json.
     Report {
         json: PathBuf,
@@ -47,19 +37,10 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Stack(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            rt.block_on(stack_cmd::run(args))
+            rt.block_on(stack_cmd::run(*args))
         }
-        Cmd::GenTrace { out, requests, rate, roots, seed } => {
-            let recs = trace::synthesize(&trace::SynthSpec { requests, rate_per_s: rate, roots, seed });
-            let mut text = String::new();
-            for r in &recs {
-                text.push_str(&serde_json::to_string(r)?);
-                text.push('\n');
-            }
-            std::fs::write(&out, text)?;
-            println!("wrote {} records to {}", recs.len(), out.display());
-            Ok(())
-        }
+        Cmd::GenTrace(args) => args.run(),
+        Cmd::Bounds(args) => args.run(),
         Cmd::Report { json, out } => {
             let report: kvroute_bench::report::RunReport = serde_json::from_slice(&std::fs::read(&json)?)?;
             let dir = out.unwrap_or_else(|| json.parent().map(PathBuf::from).unwrap_or_default());
@@ -67,5 +48,29 @@ fn main() -> Result<()> {
             print!("{}", kvroute_bench::report::table(&report));
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gen_trace_and_bounds_parse() {
+        let cli = Cli::try_parse_from(["kvroute-bench", "gen-trace", "--shape", "production", "--think-median-s", "60"]).unwrap();
+        let Cmd::GenTrace(args) = cli.cmd else { panic!("gen-trace") };
+        let spec = args.production_spec();
+        assert_eq!(spec.think_median_s, 60.0);
+        let d = kvroute_bench::workload::production::ProductionSpec::default();
+        assert_eq!((spec.rate_per_s, spec.seed, spec.conversations, spec.max_model_len), (d.rate_per_s, d.seed, d.conversations, d.max_model_len));
+        let cli = Cli::try_parse_from([
+            "kvroute-bench", "bounds", "--workload", "trace", "--sim-arg=--num-gpu-blocks", "--sim-arg=3000", "--oracle-capacity-tokens", "1000",
+        ])
+        .unwrap();
+        let Cmd::Bounds(b) = cli.cmd else { panic!("bounds") };
+        assert_eq!(b.sim_arg, ["--num-gpu-blocks", "3000"]);
+        assert_eq!(b.capacity.resolve(b.workers, &b.sim_arg, None).total_tokens(), 992, "1000 tokens in 16-token blocks");
+        assert_eq!(cli::CapacityArgs { oracle_capacity_tokens: None }.resolve(4, &b.sim_arg, None).gpu_blocks, 12_000);
+        assert!(Cli::try_parse_from(["kvroute-bench", "stack", "--oracle-capacity-tokens", "5"]).is_ok());
     }
 }

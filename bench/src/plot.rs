@@ -198,6 +198,8 @@ mod tests {
                 summary: Summary::new(&samples, 60.0, Slo::default()),
                 cache: CacheDelta::default(),
                 cache_hit_ratio: None,
+                first_scheduled: None,
+                share_of_oracle: None,
                 state_degraded: None,
                 samples,
             }
@@ -209,6 +211,7 @@ mod tests {
             cores: 2,
             time_scale: 1.0,
             passes: vec![pass("random", 1.0, 0.5), pass("kvroute", 1.0, 0.02), pass("random", 2.0, 1.0), pass("kvroute", 2.0, 0.03)],
+            bounds: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! A run's results: one [`PassResult`] per (policy, rate), rendered as a terminal table and
 //! serialised as JSON (the JSON keeps every sample so plots can be redrawn later).
 
+use crate::bounds::ReuseBounds;
 use crate::stats::{Sample, Slo, Summary};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -18,6 +19,48 @@ impl CacheDelta {
     }
 }
 
+/// The sims' first-scheduling counters summed over all workers (absolute, or a delta):
+/// prompt tokens of requests when first scheduled, and how many of them were served from
+/// the GPU / CPU prefix cache then. `None` = some worker does not expose that series.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FirstScheduled {
+    pub prompt_tokens: f64,
+    pub cached_gpu: Option<f64>,
+    pub cached_cpu: Option<f64>,
+}
+
+impl FirstScheduled {
+    /// `self - before`, per counter.
+    pub fn since(&self, before: &FirstScheduled) -> FirstScheduled {
+        let d = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
+        FirstScheduled {
+            prompt_tokens: self.prompt_tokens - before.prompt_tokens,
+            cached_gpu: d(self.cached_gpu, before.cached_gpu),
+            cached_cpu: d(self.cached_cpu, before.cached_cpu),
+        }
+    }
+}
+
+/// First-scheduling reuse over one pass: shares of its prompt tokens served from cache.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Reuse {
+    /// The counters' deltas over the pass.
+    pub counters: FirstScheduled,
+    pub gpu: Option<f64>,
+    /// `None` when the sims expose no CPU series (no CPU tier).
+    pub cpu: Option<f64>,
+    /// GPU + CPU (CPU counted as 0 when absent).
+    pub total: Option<f64>,
+}
+
+impl Reuse {
+    pub fn from_delta(d: FirstScheduled) -> Reuse {
+        let share = |x: Option<f64>| x.filter(|_| d.prompt_tokens > 0.0).map(|x| x / d.prompt_tokens);
+        let total = d.cached_gpu.map(|g| g + d.cached_cpu.unwrap_or(0.0));
+        Reuse { counters: d, gpu: share(d.cached_gpu), cpu: share(d.cached_cpu), total: share(total) }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PassResult {
     pub policy: String,
@@ -25,10 +68,30 @@ pub struct PassResult {
     pub rate: Option<f64>,
     pub summary: Summary,
     pub cache: CacheDelta,
+    /// vLLM's `prefix_cache_hits / prefix_cache_queries` over the pass. Counts every
+    /// admission, so preempted requests re-hitting their own blocks inflate it.
     pub cache_hit_ratio: Option<f64>,
+    /// First-scheduling reuse from the sims' counters; `None` when they lack them ("n/a").
+    #[serde(default)]
+    pub first_scheduled: Option<Reuse>,
+    /// `first_scheduled.total / bounds.oracle.share`: kvroute's (or any policy's) share of
+    /// the oracle bound.
+    #[serde(default)]
+    pub share_of_oracle: Option<f64>,
     /// Degraded decisions counted by the state service over the pass, when it exposes them.
     pub state_degraded: Option<f64>,
     pub samples: Vec<Sample>,
+}
+
+impl PassResult {
+    /// Sets `share_of_oracle` from the workload's bounds.
+    pub fn relate_to(&mut self, bounds: Option<&ReuseBounds>) {
+        let oracle = bounds.and_then(|b| b.oracle.share).filter(|s| *s > 0.0);
+        self.share_of_oracle = match (self.first_scheduled.as_ref().and_then(|r| r.total), oracle) {
+            (Some(t), Some(o)) => Some(t / o),
+            _ => None,
+        };
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -41,6 +104,9 @@ pub struct RunReport {
     #[serde(default = "one")]
     pub time_scale: f64,
     pub passes: Vec<PassResult>,
+    /// The workload's reuse bounds (policy-independent), when they were computed.
+    #[serde(default)]
+    pub bounds: Option<ReuseBounds>,
 }
 
 fn one() -> f64 {
@@ -55,13 +121,22 @@ fn pct(v: Option<f64>) -> String {
     v.map_or("-".into(), |x| format!("{:.1}%", x * 100.0))
 }
 
-/// The comparison table, one row per pass.
-pub fn table(report: &RunReport) -> String {
-    let head = [
-        "policy", "rate/s", "reqs", "fail", "ttft p50", "ttft p90", "ttft p99", "e2e p50", "e2e p90", "goodput/min",
-        "<=slo", "cache hit", "req/s", "tok/s", "degraded",
-    ];
-    let rows: Vec<Vec<String>> = report
+fn pct_na(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |x| format!("{:.1}%", x * 100.0))
+}
+
+const HEAD: [&str; 19] = [
+    "policy", "rate/s", "reqs", "fail", "ttft p50", "ttft p90", "ttft p99", "e2e p50", "e2e p90", "goodput/min", "<=slo",
+    "vllm hit", "reuse", "gpu", "cpu", "of oracle", "req/s", "tok/s", "degraded",
+];
+
+/// True when `p` sent fewer requests than the bounds cover (time limit, failed turns).
+fn partial(report: &RunReport, p: &PassResult) -> bool {
+    report.bounds.as_ref().is_some_and(|b| p.summary.requests < b.requests)
+}
+
+fn rows(report: &RunReport) -> Vec<Vec<String>> {
+    report
         .passes
         .iter()
         .map(|p| {
@@ -83,49 +158,68 @@ pub fn table(report: &RunReport) -> String {
                 format!("{:.1}", s.goodput.per_min),
                 format!("{}{}", pct(Some(s.goodput.within_slo)), if s.goodput.slo_met { "" } else { "!" }),
                 pct(p.cache_hit_ratio),
+                pct_na(p.first_scheduled.as_ref().and_then(|r| r.total)),
+                pct_na(p.first_scheduled.as_ref().and_then(|r| r.gpu)),
+                pct_na(p.first_scheduled.as_ref().and_then(|r| r.cpu)),
+                format!("{}{}", pct_na(p.share_of_oracle), if partial(report, p) && p.share_of_oracle.is_some() { "*" } else { "" }),
                 format!("{:.2}", s.requests_per_s),
                 format!("{:.0}", s.output_tokens_per_s),
                 degraded,
             ]
         })
-        .collect();
+        .collect()
+}
+
+/// The lines under the table: units, and the workload's reuse bounds.
+fn footer(report: &RunReport) -> Vec<String> {
+    let mut out = vec![format!(
+        "times in simulated s (time scale {}); goodput = requests/min with TTFT <= {} s; '!' = fewer than {:.0}% within the SLO; degraded = from response headers[/state-service metric]",
+        report.time_scale,
+        report.slo.ttft_s,
+        report.slo.attainment * 100.0
+    )];
+    out.push(
+        "vllm hit = vllm:prefix_cache hits/queries (every admission, preemptions re-count); reuse = prompt tokens served from cache at first scheduling (sims' counters, gpu + cpu; n/a = not exposed); of oracle = reuse / oracle bound".into(),
+    );
+    if let Some(b) = &report.bounds {
+        out.push(b.summary());
+        if report.passes.iter().any(|p| partial(report, p)) {
+            out.push(format!("* the pass sent fewer requests than the {} the bounds cover: its share of the oracle compares different request sets", b.requests));
+        }
+    }
+    out
+}
+
+/// The comparison table, one row per pass.
+pub fn table(report: &RunReport) -> String {
+    let rows = rows(report);
     let widths: Vec<usize> =
-        (0..head.len()).map(|i| rows.iter().map(|r| r[i].len()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+        (0..HEAD.len()).map(|i| rows.iter().map(|r| r[i].len()).chain([HEAD[i].len()]).max().unwrap_or(0)).collect();
     let mut out = String::new();
     let line = |out: &mut String, cells: &[String]| {
         let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
         let _ = writeln!(out, "{}", parts.join("  "));
     };
-    line(&mut out, &head.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    line(&mut out, &HEAD.iter().map(|s| s.to_string()).collect::<Vec<_>>());
     for r in &rows {
         line(&mut out, r);
     }
-    let _ = writeln!(
-        out,
-        "times in simulated s (time scale {}); goodput = requests/min with TTFT <= {} s; '!' = fewer than {:.0}% within the SLO; degraded = from response headers[/state-service metric]",
-        report.time_scale,
-        report.slo.ttft_s,
-        report.slo.attainment * 100.0
-    );
+    for l in footer(report) {
+        let _ = writeln!(out, "{l}");
+    }
     out
 }
 
 /// The same table as GitHub markdown, for bench/README.md.
 pub fn markdown(report: &RunReport) -> String {
-    let t = table(report);
-    let mut lines = t.lines();
     let mut out = String::new();
-    let cells = |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect::<Vec<_>>().join(" | ");
-    if let Some(h) = lines.next() {
-        let n = h.split("  ").filter(|c| !c.trim().is_empty()).count();
-        let _ = writeln!(out, "| {} |\n|{}", cells(h), "---|".repeat(n));
+    let _ = writeln!(out, "| {} |\n|{}", HEAD.join(" | "), "---|".repeat(HEAD.len()));
+    for r in rows(report) {
+        let _ = writeln!(out, "| {} |", r.join(" | "));
     }
-    for l in lines {
-        if l.starts_with("times in") {
-            let _ = writeln!(out, "\n{l}");
-        } else {
-            let _ = writeln!(out, "| {} |", cells(l));
-        }
+    out.push('\n');
+    for l in footer(report) {
+        let _ = writeln!(out, "\n{l}");
     }
     out
 }
@@ -140,7 +234,17 @@ mod tests {
             .collect();
         let summary = Summary::new(&samples, 60.0, Slo::default());
         let cache = CacheDelta { queries: 100.0, hits: 75.0 };
-        PassResult { policy: policy.into(), rate: Some(1.0), summary, cache_hit_ratio: cache.hit_ratio(), cache, state_degraded: None, samples }
+        PassResult {
+            policy: policy.into(),
+            rate: Some(1.0),
+            summary,
+            cache_hit_ratio: cache.hit_ratio(),
+            cache,
+            first_scheduled: None,
+            share_of_oracle: None,
+            state_degraded: None,
+            samples,
+        }
     }
 
     #[test]
@@ -152,14 +256,79 @@ mod tests {
             cores: 2,
             time_scale: 1.0,
             passes: vec![pass("random", 3.0), pass("kvroute", 0.2)],
+            bounds: None,
         };
         let t = table(&r);
         assert!(t.contains("kvroute") && t.contains("75.0%") && t.contains("0.200"));
+        assert!(t.contains("n/a"), "no first-scheduling counters -> n/a");
         let md = markdown(&r);
         assert!(md.starts_with("| policy | rate/s"));
         assert_eq!(md.lines().filter(|l| l.starts_with("| ")).count(), 3);
+        assert!(md.lines().filter(|l| l.starts_with("| ")).all(|l| l.matches(" | ").count() == HEAD.len() - 1));
         let back: RunReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.passes.len(), 2);
         assert_eq!(CacheDelta::default().hit_ratio(), None);
+    }
+
+    #[test]
+    fn old_reports_without_reuse_fields_still_load() {
+        let mut v = serde_json::to_value(pass("random", 1.0)).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("first_scheduled");
+        o.remove("share_of_oracle");
+        let p: PassResult = serde_json::from_value(v).unwrap();
+        assert_eq!(p.first_scheduled, None);
+        let r = serde_json::json!({"workload": "x", "params": {}, "slo": {"ttft_s": 8.0, "attainment": 0.9}, "cores": 2, "passes": []});
+        let r: RunReport = serde_json::from_value(r).unwrap();
+        assert!(r.bounds.is_none());
+    }
+
+    #[test]
+    fn reuse_shares_and_share_of_oracle() {
+        let before = FirstScheduled { prompt_tokens: 1000.0, cached_gpu: Some(100.0), cached_cpu: None };
+        let after = FirstScheduled { prompt_tokens: 5000.0, cached_gpu: Some(2100.0), cached_cpu: None };
+        let r = Reuse::from_delta(after.since(&before));
+        assert_eq!(r.counters.prompt_tokens, 4000.0);
+        assert_eq!((r.gpu, r.cpu, r.total), (Some(0.5), None, Some(0.5)));
+        let with_cpu = FirstScheduled { prompt_tokens: 100.0, cached_gpu: Some(30.0), cached_cpu: Some(10.0) };
+        let r2 = Reuse::from_delta(with_cpu.since(&FirstScheduled { cached_gpu: Some(0.0), cached_cpu: Some(0.0), ..Default::default() }));
+        assert_eq!((r2.gpu, r2.cpu, r2.total), (Some(0.3), Some(0.1), Some(0.4)));
+        // A counter missing before or after: n/a; no prompt tokens: n/a.
+        assert_eq!(Reuse::from_delta(after.since(&FirstScheduled::default())).gpu, None);
+        assert_eq!(Reuse::from_delta(FirstScheduled { cached_gpu: Some(0.0), ..Default::default() }).total, None);
+
+        let mut p = pass("kvroute", 0.2);
+        p.first_scheduled = Some(r);
+        let cap = crate::bounds::Capacity { block_size: 16, gpu_blocks: 10, cpu_blocks: 0, engines: 1, source: "flags".into() };
+        let mut b = crate::bounds::compute(&[], crate::bounds::Ordering::Arrival, false, cap);
+        p.relate_to(Some(&b));
+        assert_eq!(p.share_of_oracle, None, "an empty workload has no oracle share");
+        b.oracle.share = Some(0.8);
+        p.relate_to(Some(&b));
+        assert_eq!(p.share_of_oracle, Some(0.625));
+        p.relate_to(None);
+        assert_eq!(p.share_of_oracle, None);
+        let report = RunReport {
+            workload: "trace".into(),
+            params: serde_json::json!({}),
+            slo: Slo::default(),
+            cores: 2,
+            time_scale: 1.0,
+            passes: vec![{
+                p.relate_to(Some(&b));
+                p
+            }],
+            bounds: Some(b),
+        };
+        let t = table(&report);
+        assert!(t.contains("50.0%") && t.contains("62.5%") && t.contains("oracle 80.0%"), "{t}");
+        assert!(markdown(&report).contains("workload reuse bounds"));
+        assert!(!t.contains("62.5%*"));
+        let mut cut = report;
+        if let Some(b) = cut.bounds.as_mut() {
+            b.requests = 10; // the pass sent 4
+        }
+        let t = table(&cut);
+        assert!(t.contains("62.5%*") && t.contains("fewer requests than the 10"), "{t}");
     }
 }

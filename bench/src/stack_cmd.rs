@@ -2,9 +2,10 @@
 //! the results, stop what was started — also on Ctrl-C, where the stack guard is dropped
 //! before the process exits.
 
-use crate::cli::{CompareArgs, WorkloadArgs};
+use crate::cli::{CapacityArgs, CompareArgs, WorkloadArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kvroute_bench::bounds;
 use kvroute_bench::compare;
 use kvroute_bench::control::Control;
 use kvroute_bench::report::table;
@@ -17,6 +18,8 @@ pub struct StackArgs {
     pub workload: WorkloadArgs,
     #[command(flatten)]
     pub compare: CompareArgs,
+    #[command(flatten)]
+    pub capacity: CapacityArgs,
     /// Run against an already-running stack (--url, --state-url, --worker-url) instead.
     #[arg(long)]
     pub attach: bool,
@@ -107,15 +110,24 @@ pub async fn run(args: StackArgs) -> Result<()> {
     };
     let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed, args.time_scale)?;
     let params = serde_json::to_value(&args)?;
-    let run = compare::compare(&workload, &control, &spec, params, |p| {
+    // The oracle bound's capacity: what the workers report, else the flags they got.
+    let n_workers = if args.attach { args.worker_url.len() } else { args.workers };
+    let metrics = control.worker_metrics().await;
+    let capacity = args.capacity.resolve(n_workers, &args.sim_arg, metrics.as_deref());
+    let reuse_bounds = bounds::of_workload(&workload, args.workload.seed, capacity);
+    eprintln!("{}", reuse_bounds.summary());
+    let pct = |v: Option<f64>| v.map_or("n/a".into(), |h| format!("{:.1}%", h * 100.0));
+    let run = compare::compare(&workload, &control, &spec, params, Some(reuse_bounds), |p| {
         let s = &p.summary;
         eprintln!(
-            "  {:<14} ttft p50 {:>7.3} s  p90 {:>7.3} s  goodput {:>6.1}/min  cache hit {}",
+            "  {:<14} ttft p50 {:>7.3} s  p90 {:>7.3} s  goodput {:>6.1}/min  vllm hit {}  reuse {} ({} of oracle)",
             p.policy,
             s.ttft_p50.unwrap_or(f64::NAN),
             s.ttft_p90.unwrap_or(f64::NAN),
             s.goodput.per_min,
-            p.cache_hit_ratio.map_or("-".into(), |h| format!("{:.1}%", h * 100.0))
+            pct(p.cache_hit_ratio),
+            pct(p.first_scheduled.as_ref().and_then(|r| r.total)),
+            pct(p.share_of_oracle),
         );
     });
     let report = tokio::select! {

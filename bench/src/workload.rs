@@ -11,6 +11,7 @@
 
 pub mod independent;
 pub mod multi_turn;
+pub mod production;
 pub mod request;
 pub mod shared_prefix;
 pub mod text;

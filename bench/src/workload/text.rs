@@ -21,6 +21,8 @@ pub enum Ns {
     TraceTail = 5,
     Answer = 6,
     Order = 7,
+    /// The production-shaped trace generator's random streams.
+    Production = 8,
 }
 
 /// A generator for one (seed, namespace, index) triple.
