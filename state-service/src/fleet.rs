@@ -29,7 +29,8 @@ use crate::assign::{Assignment, Assignments, ReportOutcome, Speculative};
 use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::index::KvIndex;
 use crate::load::LoadState;
-use crate::score::{ApproxMap, Calibration};
+use crate::score::prefix_sets::{PrefixSets, SetMatch};
+use crate::score::{peers, ApproxMap, Calibration, Policy};
 use crate::types::{BlockKey, WorkerId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use prometheus_client::metrics::gauge::Gauge;
@@ -87,12 +88,49 @@ pub struct TokenizeTarget {
     pub workers: Vec<Arc<WorkerEntry>>,
 }
 
+/// The approximate peers' per-worker prefix memories, bounded as they bound them.
+struct PeerSets {
+    sglang: PrefixSets,
+    llmd: PrefixSets,
+}
+
+impl Default for PeerSets {
+    fn default() -> Self {
+        PeerSets { sglang: PrefixSets::new(peers::sglang::MAX_TREE_CHUNKS), llmd: PrefixSets::new(peers::llmd::LRU_CAPACITY_PER_SERVER) }
+    }
+}
+
+impl PeerSets {
+    fn of(&self, policy: Policy) -> Option<&PrefixSets> {
+        match policy {
+            Policy::SglangCacheAware => Some(&self.sglang),
+            Policy::LlmdDefault => Some(&self.llmd),
+            _ => None,
+        }
+    }
+
+    fn of_mut(&mut self, policy: Policy) -> Option<&mut PrefixSets> {
+        match policy {
+            Policy::SglangCacheAware => Some(&mut self.sglang),
+            Policy::LlmdDefault => Some(&mut self.llmd),
+            _ => None,
+        }
+    }
+
+    fn forget_worker(&mut self, worker: &WorkerId) {
+        self.sglang.forget_worker(worker);
+        self.llmd.forget_worker(worker);
+    }
+}
+
 pub struct Fleet {
     config: Arc<Config>,
     registry: RwLock<Registry>,
     assignments: Mutex<Assignments>,
     speculative: Mutex<Speculative>,
     approx: Mutex<ApproxMap>,
+    /// What the approximate peer policies remember (SGLang's trees, llm-d's per-pod LRUs).
+    peer_sets: Mutex<PeerSets>,
     index: Arc<dyn KvIndex>,
     /// `kvroute_assignments_in_flight`, kept equal to the table's size.
     in_flight: Gauge,
@@ -111,6 +149,7 @@ impl Fleet {
             assignments: Mutex::new(Assignments::new(ms(t.assignment_ttl_ms), ms(t.first_token_ttl_ms))),
             speculative: Mutex::new(Speculative::new(ms(t.speculative_ttl_ms))),
             approx: Mutex::new(ApproxMap::new(config.approx_capacity)),
+            peer_sets: Mutex::new(PeerSets::default()),
             index,
             in_flight,
             config,
@@ -206,6 +245,7 @@ impl Fleet {
         self.table(|t| t.forget_worker(&entry.id));
         self.speculative.lock().forget_worker(&entry.id);
         self.approx.lock().forget_worker(&entry.id);
+        self.peer_sets.lock().forget_worker(&entry.id);
         tracing::info!(worker = %entry.id, "worker removed");
         Some(entry)
     }
@@ -235,6 +275,7 @@ impl Fleet {
         self.table(|t| t.clear());
         self.speculative.lock().clear();
         self.approx.lock().clear();
+        *self.peer_sets.lock() = PeerSets::default();
     }
 
     pub fn worker(&self, id: &str) -> Option<Arc<WorkerEntry>> {
@@ -331,5 +372,23 @@ impl Fleet {
     /// own decisions; nothing replicates it).
     pub fn learn(&self, keys: &[BlockKey], worker: &WorkerId) {
         self.approx.lock().learn(keys, worker);
+    }
+
+    /// What `policy`'s per-worker prefix memory says of `keys` (SGLang, llm-d; `None` for
+    /// the others).
+    pub fn peer_matches(&self, policy: Policy, workers: &[WorkerView], keys: &[BlockKey]) -> Option<Vec<SetMatch>> {
+        if !matches!(policy, Policy::SglangCacheAware | Policy::LlmdDefault) {
+            return None;
+        }
+        let ids: Vec<&WorkerId> = workers.iter().map(|w| &w.entry.id).collect();
+        let sets = self.peer_sets.lock();
+        sets.of(policy).map(|s| s.matches(&ids, keys))
+    }
+
+    /// `policy` routed `keys` to `worker`: its prefix memory learns them.
+    pub fn peer_learn(&self, policy: Policy, keys: &[BlockKey], worker: &WorkerId) {
+        if let Some(s) = self.peer_sets.lock().of_mut(policy) {
+            s.learn(keys, worker);
+        }
     }
 }

@@ -16,7 +16,8 @@ pub use prompt::PromptView;
 use crate::assign::{Assignment, AssignmentId};
 use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
-use crate::score::{choose, predict, Cached, Choice, Cost, LoadView, Policy, Prediction};
+use crate::score::peers::{PeerView, Request};
+use crate::score::{choose, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 use rand::RngCore;
@@ -34,6 +35,8 @@ pub struct Candidate {
     /// `matched` for text chunks, and for policies that never read it).
     pub learned: u32,
     pub prediction: Prediction,
+    /// What the peer policies read.
+    pub peer: PeerView,
 }
 
 /// Decides where `req` goes and records the assignment, without tokenizing text or chat
@@ -71,11 +74,15 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
     let candidates = candidates(state, policy, view.workers, &prompt, now);
     let choices: Vec<Choice> = candidates
         .iter()
-        .map(|c| Choice { ttft_ms: c.prediction.ttft_ms, matched_blocks: c.matched, learned_blocks: c.learned, load: c.load.outstanding() })
+        .map(|c| Choice { ttft_ms: c.prediction.ttft_ms, matched_blocks: c.matched, learned_blocks: c.learned, load: c.load.outstanding(), peer: c.peer })
         .collect();
-    let ticket = if policy == Policy::RoundRobin { state.selector.ticket() } else { 0 };
+    let ctx = Context {
+        tolerance: state.config.affinity_tolerance,
+        ticket: if policy == Policy::RoundRobin { state.selector.ticket() } else { 0 },
+        request: Request { keys: prompt.keys.len() as u32, tokens: prompt.prompt_tokens, block_size: prompt.tokens_per_key },
+    };
     let mut rng = state.selector.rng();
-    let Some(chosen) = candidates.get(choose(policy, &choices, state.config.affinity_tolerance, ticket, &mut rng)) else {
+    let Some(chosen) = candidates.get(choose(policy, &choices, &ctx, &mut rng)) else {
         return fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker);
     };
     let id = record(state, policy, &prompt, chosen, &mut rng, now);
@@ -108,18 +115,23 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
 
 /// Which prompt limitations degrade which policy: kvroute wants exact keys; approx_prefix
 /// lives on text chunks anyway but loses token keys cut with the wrong block size.
+/// Dynamo, like kvroute, wants exact keys; the approximate routers live on text chunks anyway
+/// but lose token keys cut with the wrong block size.
 fn degraded_reason(policy: Policy, limitation: Option<DegradedReason>) -> Option<DegradedReason> {
     match (policy, limitation) {
-        (Policy::Kvroute, reason) => reason,
-        (Policy::ApproxPrefix, Some(DegradedReason::DegradedBlockSizeMismatch)) => Some(DegradedReason::DegradedBlockSizeMismatch),
+        (Policy::Kvroute | Policy::DynamoKv, reason) => reason,
+        (Policy::ApproxPrefix | Policy::SglangCacheAware | Policy::LlmdDefault, Some(DegradedReason::DegradedBlockSizeMismatch)) => {
+            Some(DegradedReason::DegradedBlockSizeMismatch)
+        }
         _ => None,
     }
 }
 
 fn tokenization(policy: Policy, prompt: &PromptView) -> TokenizationPath {
     match policy {
-        Policy::Kvroute | Policy::ApproxPrefix if !prompt.keys.is_empty() => prompt.tokenization,
-        _ => TokenizationPath::TokenizationNone,
+        Policy::Random | Policy::RoundRobin | Policy::LeastLoaded => TokenizationPath::TokenizationNone,
+        _ if prompt.keys.is_empty() => TokenizationPath::TokenizationNone,
+        _ => prompt.tokenization,
     }
 }
 
@@ -134,6 +146,7 @@ fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: Degrade
 
 fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, now: Instant) -> Vec<Candidate> {
     let held = matches(state, policy, &workers, prompt, now);
+    let sets = state.fleet.peer_matches(policy, &workers, &prompt.keys);
     let priors = &state.config.priors;
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
     // realloc) the larger views' buffer.
@@ -160,7 +173,20 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
             let tokens = matched.saturating_mul(prompt.tokens_per_key);
             let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
             let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
-            Candidate { worker: worker.entry.clone(), load, matched, learned, prediction }
+            let set = sets.as_ref().and_then(|s| s.get(i).copied()).unwrap_or_default();
+            let exact = prompt.exact;
+            let peer = PeerView {
+                router_load: worker.pending.in_flight,
+                queue: worker.load.waiting,
+                kv_usage: worker.load.kv_usage,
+                learned_leading: set.leading,
+                learned_in_run: set.in_run,
+                gpu_blocks: if exact { gpu } else { 0 },
+                host_blocks: if exact { matched.saturating_sub(gpu) } else { 0 },
+                prefill_tokens_in_flight: worker.pending.waiting_tokens,
+                active_blocks: (worker.pending.in_flight_tokens + worker.pending.max_cached_tokens) / u64::from(prompt.tokens_per_key.max(1)),
+            };
+            Candidate { worker: worker.entry.clone(), load, matched, learned, prediction, peer }
         })
         .collect()
 }
@@ -204,6 +230,10 @@ fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candid
         Policy::Kvroute if prompt.exact => prompt.keys.clone(),
         Policy::Kvroute | Policy::ApproxPrefix => {
             state.fleet.learn(&prompt.keys, worker);
+            Arc::from([])
+        }
+        Policy::SglangCacheAware | Policy::LlmdDefault => {
+            state.fleet.peer_learn(policy, &prompt.keys, worker);
             Arc::from([])
         }
         _ => Arc::from([]),

@@ -8,18 +8,22 @@
 //! - [`select`]: each policy's choice among candidates ([`select::choose`]), minimum with
 //!   tie-breaks (load, then random).
 //! - [`selector`]: each pick's own rng and round-robin ticket, without a lock.
+//! - [`peers`], [`prefix_sets`]: SGLang's, llm-d's and Dynamo's published routing rules with
+//!   their defaults, and the per-worker prefix memory the approximate ones keep.
 //! - [`approx`]: the text-chunk key -> worker map that routers without KV events rely on.
 
 pub mod approx;
 pub mod calibrate;
 pub mod model;
+pub mod peers;
+pub mod prefix_sets;
 pub mod select;
 pub mod selector;
 
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
 pub use model::{predict, Cached, Cost, Features, LoadView, Prediction};
-pub use select::{choose, pick_fastest, pick_min, Choice, Scored};
+pub use select::{choose, pick_fastest, pick_min, Choice, Context, Scored};
 pub use selector::{PickRng, Selector};
 
 use serde::{Deserialize, Serialize};
@@ -38,13 +42,29 @@ pub enum Policy {
     RoundRobin,
     /// Fewest queued + running requests.
     LeastLoaded,
-    /// Longest text-chunk prefix learned from our own routing history; never reads KV events.
+    /// Longest text-chunk prefix learned from our own routing history; never reads KV events
+    /// and ignores load (a herding strawman kept for continuity with earlier results; the
+    /// peers below are what users would deploy).
     ApproxPrefix,
+    /// SGLang's cache-aware router ([`peers::sglang`]).
+    SglangCacheAware,
+    /// llm-d's default scheduling profile, approximate prefix mode ([`peers::llmd`]).
+    LlmdDefault,
+    /// Dynamo's KV router on the same KV index ([`peers::dynamo`]).
+    DynamoKv,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] =
-        [Policy::Kvroute, Policy::Random, Policy::RoundRobin, Policy::LeastLoaded, Policy::ApproxPrefix];
+    pub const ALL: [Policy; 8] = [
+        Policy::Kvroute,
+        Policy::Random,
+        Policy::RoundRobin,
+        Policy::LeastLoaded,
+        Policy::ApproxPrefix,
+        Policy::SglangCacheAware,
+        Policy::LlmdDefault,
+        Policy::DynamoKv,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -53,6 +73,9 @@ impl Policy {
             Policy::RoundRobin => "round_robin",
             Policy::LeastLoaded => "least_loaded",
             Policy::ApproxPrefix => "approx_prefix",
+            Policy::SglangCacheAware => "sglang_cache_aware",
+            Policy::LlmdDefault => "llmd_default",
+            Policy::DynamoKv => "dynamo_kv",
         }
     }
 }

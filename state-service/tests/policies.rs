@@ -180,3 +180,68 @@ async fn a_cpu_tier_hit_is_predicted_between_a_gpu_hit_and_a_recompute() {
     // Same 1600 tokens to prefill; the CPU hit adds 6400 tokens of reload at 0.01 ms.
     assert!((cpu_ms - gpu_ms - 64.0).abs() < 1.0, "gpu {gpu_ms} cpu {cpu_ms}");
 }
+
+/// Parks `n` assignments on `id` (router-counted load, as SGLang's router counts it).
+fn park(state: &AppState, id: &str, n: u64) {
+    use kvroute_state::assign::{Assignment, AssignmentId};
+    for i in 0..n {
+        let assignment = Assignment {
+            id: AssignmentId(0xABC0_0000 + i + n * 1000),
+            worker: kvroute_state::types::WorkerId::new(id),
+            policy: Policy::SglangCacheAware,
+            prompt_tokens: 16,
+            uncached_tokens: 16,
+            predicted_ttft_ms: 1.0,
+            features: Default::default(),
+            created_at: Instant::now(),
+            first_token_at: None,
+            predicted_cached_tokens: None,
+        };
+        state.apply(kvroute_state::fleet::FleetEvent::Assigned { assignment, credit: Arc::from([]) });
+    }
+}
+
+#[tokio::test]
+async fn sglang_follows_its_tree_until_the_router_load_is_imbalanced() {
+    let (state, _) = state(vec![worker("a"), worker("b")]);
+    state.set_policy(Policy::SglangCacheAware);
+    let prompt = tokens(0..320);
+    // Nothing learned: least router load, first on ties.
+    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "a");
+    // Learned: the whole prompt matches a (rate 1 > 0.3), even once a is busier.
+    park(&state, "a", 30);
+    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "a");
+    // 70 more on a than on b (> 64, and > 1.5x): imbalanced, shortest queue.
+    park(&state, "a", 40);
+    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+}
+
+#[tokio::test]
+async fn llmd_weighs_its_prefix_memory_against_queue_and_kv_usage() {
+    let (state, _) = state(vec![worker("a"), worker("b")]);
+    state.set_policy(Policy::LlmdDefault);
+    let prompt = tokens(0..320);
+    let first = pick(&state, &req("m", &prompt)).worker_id;
+    // Prefix 3 + queue 2 + kv 2 beats 2 + 2.
+    for _ in 0..3 {
+        assert_eq!(pick(&state, &req("m", &prompt)).worker_id, first);
+    }
+    // A long queue and a full cache there: 3 + 0 + 0.2 loses to the other's 2 + 2.
+    let worker = state.fleet.worker(&first).unwrap();
+    worker.load.lock().record_ok(VllmLoad { waiting: 10, kv_usage: 0.9, ..VllmLoad::default() }, Instant::now());
+    assert_ne!(pick(&state, &req("m", &prompt)).worker_id, first);
+}
+
+#[tokio::test]
+async fn dynamo_reads_the_kv_index_and_the_in_flight_prefill() {
+    let (state, index) = state(vec![worker("a"), worker("b")]);
+    state.set_policy(Policy::DynamoKv);
+    let prompt = tokens(0..3200);
+    store(&index, 1, &prompt, None);
+    // b holds all 200 blocks: prefill 0 + decode 0 vs a: 200 + 200.
+    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+    // Its tokens were all cached: no prefill in flight on b, and b again.
+    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+    // A cold prompt goes where fewer blocks are active (b's two requests hold 200).
+    assert_eq!(pick(&state, &req("m", &tokens(9000..9320))).worker_id, "a");
+}

@@ -15,6 +15,12 @@ pub struct Pending {
     pub waiting: u32,
     /// Uncached prompt tokens of the waiting ones.
     pub waiting_tokens: u64,
+    /// Uncached prompt tokens of all of them: the blocks they added to the worker's KV.
+    pub in_flight_tokens: u64,
+    /// The largest cached part among them: their cached prefixes, shared, counted once (an
+    /// estimate of the union: requests on one worker mostly share the prefix that made them
+    /// land there).
+    pub max_cached_tokens: u64,
 }
 
 /// Assignments freed by a sweep, by which TTL ran out.
@@ -30,11 +36,13 @@ pub struct Assignments {
     first_token_ttl: Duration,
     by_id: HashMap<AssignmentId, Assignment, SeededState>,
     per_worker: HashMap<WorkerId, Pending, SeededState>,
+    /// Per worker, the cached parts of its in-flight assignments (a multiset: tokens -> count).
+    cached: HashMap<WorkerId, std::collections::BTreeMap<u32, u32>, SeededState>,
 }
 
 impl Assignments {
     pub fn new(ttl: Duration, first_token_ttl: Duration) -> Self {
-        Assignments { ttl, first_token_ttl, by_id: HashMap::default(), per_worker: HashMap::default() }
+        Assignments { ttl, first_token_ttl, by_id: HashMap::default(), per_worker: HashMap::default(), cached: HashMap::default() }
     }
 
     pub fn len(&self) -> usize {
@@ -50,7 +58,9 @@ impl Assignments {
     }
 
     pub fn pending(&self, worker: &WorkerId) -> Pending {
-        self.per_worker.get(worker).copied().unwrap_or_default()
+        let mut p = self.per_worker.get(worker).copied().unwrap_or_default();
+        p.max_cached_tokens = self.cached.get(worker).and_then(|m| m.keys().next_back()).map_or(0, |&t| u64::from(t));
+        p
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Assignment> {
@@ -61,8 +71,10 @@ impl Assignments {
     /// the pick draws another); returns whether it was inserted.
     pub fn insert(&mut self, a: Assignment) -> bool {
         let std::collections::hash_map::Entry::Vacant(slot) = self.by_id.entry(a.id) else { return false };
+        *self.cached.entry(a.worker.clone()).or_default().entry(a.prompt_tokens.saturating_sub(a.uncached_tokens)).or_insert(0) += 1;
         let p = self.per_worker.entry(a.worker.clone()).or_default();
         p.in_flight += 1;
+        p.in_flight_tokens += u64::from(a.uncached_tokens);
         if a.first_token_at.is_none() {
             p.waiting += 1;
             p.waiting_tokens += u64::from(a.uncached_tokens);
@@ -127,6 +139,7 @@ impl Assignments {
         let n = self.by_id.len();
         self.by_id.clear();
         self.per_worker.clear();
+        self.cached.clear();
         n
     }
 
@@ -134,11 +147,25 @@ impl Assignments {
     pub fn forget_worker(&mut self, worker: &WorkerId) {
         self.by_id.retain(|_, a| &a.worker != worker);
         self.per_worker.remove(worker);
+        self.cached.remove(worker);
     }
 
     fn untrack(&mut self, a: &Assignment) {
+        if let Some(m) = self.cached.get_mut(&a.worker) {
+            let cached = a.prompt_tokens.saturating_sub(a.uncached_tokens);
+            if let Some(n) = m.get_mut(&cached) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&cached);
+                }
+            }
+            if m.is_empty() {
+                self.cached.remove(&a.worker);
+            }
+        }
         let Some(p) = self.per_worker.get_mut(&a.worker) else { return };
         p.in_flight = p.in_flight.saturating_sub(1);
+        p.in_flight_tokens = p.in_flight_tokens.saturating_sub(u64::from(a.uncached_tokens));
         if a.first_token_at.is_none() {
             p.waiting = p.waiting.saturating_sub(1);
             p.waiting_tokens = p.waiting_tokens.saturating_sub(u64::from(a.uncached_tokens));
@@ -180,10 +207,10 @@ mod tests {
         let w = WorkerId::new("w");
         t.insert(assignment(1, "w", 100, now));
         t.insert(assignment(2, "w", 50, now));
-        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 2, waiting_tokens: 150 });
+        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 2, waiting_tokens: 150, in_flight_tokens: 150, max_cached_tokens: 0 });
         assert!(matches!(t.first_token(AssignmentId(1), now), ReportOutcome::FirstToken(_)));
         assert_eq!(t.first_token(AssignmentId(1), now), ReportOutcome::Duplicate);
-        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 1, waiting_tokens: 50 });
+        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 1, waiting_tokens: 50, in_flight_tokens: 150, max_cached_tokens: 0 });
         assert!(matches!(t.finish(AssignmentId(1)), ReportOutcome::Freed(_)));
         assert!(matches!(t.finish(AssignmentId(2)), ReportOutcome::Freed(_)));
         assert_eq!(t.finish(AssignmentId(2)), ReportOutcome::Unknown);

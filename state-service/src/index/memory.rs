@@ -151,6 +151,9 @@ impl MemoryIndex {
     }
 
     fn store(&self, slot: EngineSlot, e: &mut EngineMap, ev: StoreArgs<'_>, stats: &mut ApplyStats) {
+        if ev.token_ids.is_empty() {
+            return self.add_tier(e, ev.hashes, ev.tier, stats);
+        }
         let bs = ev.block_size as usize;
         if ev.block_size != ev.configured || bs == 0 {
             stats.rejected_bad_block += ev.hashes.len() as u64;
@@ -193,6 +196,26 @@ impl MemoryIndex {
             }
         }
         e.keys = keys;
+    }
+
+    /// vLLM's offloading connector stores placeholders by default (one hash, no tokens, no
+    /// parent, block size 0) for blocks the engine computed on its GPU: the block keeps its key
+    /// and gains the tier. A hash the engine does not hold cannot be keyed.
+    fn add_tier(&self, e: &mut EngineMap, hashes: &[EngineHash], tier: Tier, stats: &mut ApplyStats) {
+        let bit = tier_bit(tier);
+        for hash in hashes {
+            let Some(entry) = e.blocks.get_mut(hash) else {
+                stats.rejected_unknown_hash += 1;
+                continue;
+            };
+            stats.blocks_stored += 1;
+            let was_cold = entry.tiers & GPU == 0;
+            entry.tiers |= bit;
+            if was_cold && bit == GPU {
+                let key = entry.key;
+                e.warm(key);
+            }
+        }
     }
 
     fn remove(&self, slot: EngineSlot, e: &mut EngineMap, hashes: &[EngineHash], tier: Tier, stats: &mut ApplyStats) {

@@ -12,6 +12,9 @@
 //! - event `block_size` != configured: every listed block counts in `rejected_bad_block`;
 //!   hashes without a full block of tokens likewise;
 //! - removing a (hash, tier) not held counts one `rejected_unknown_hash`;
+//! - a store without tokens (vLLM's offloading-connector placeholder: one hash, no parent,
+//!   block size 0) adds its tier to a block the engine holds; a hash it does not hold counts
+//!   one `rejected_unknown_hash` (no key can be computed for it);
 //! - an engine holds a key while any of its (hash, tier) facts maps to it, and holds it on
 //!   the GPU while any of its GPU facts does.
 
@@ -58,6 +61,19 @@ impl KvIndex for ReferenceIndex {
                     for h in hashes {
                         match facts.remove(&(engine, *h, *tier)) {
                             Some(_) => stats.blocks_removed += 1,
+                            None => stats.rejected_unknown_hash += 1,
+                        }
+                    }
+                }
+                KvEvent::Stored { hashes, token_ids, tier, .. } if token_ids.is_empty() => {
+                    // A placeholder (vLLM's offloading connector): the block keeps its key and
+                    // gains the tier; a block the engine does not hold cannot be keyed.
+                    for h in hashes {
+                        match key_of(&facts, engine, *h) {
+                            Some(key) => {
+                                facts.insert((engine, *h, *tier), key);
+                                stats.blocks_stored += 1;
+                            }
                             None => stats.rejected_unknown_hash += 1,
                         }
                     }

@@ -1,7 +1,7 @@
 //! The API's pick: text and chat prompts are first turned into token ids (see
 //! [`crate::tokenize`]) so kvroute matches their blocks exactly, then decided like token-id
-//! prompts. Only the kvroute policy tokenizes: the baselines either ignore keys or, like
-//! `approx_prefix`, are defined by text chunks.
+//! prompts. Only kvroute and dynamo_kv (whose frontend tokenizes) do: the other baselines
+//! either ignore keys or, like SGLang's and llm-d's approximate routers, match request text.
 //!
 //! Tokenizing needs only the model's static facts (its base model's tokenizer, block size,
 //! a worker to ask); the decision's snapshot of load and health is taken after it, so a
@@ -18,7 +18,8 @@ use kvroute_core::wire::{PickRequest, PickResponse};
 pub async fn pick(state: &AppState, req: &PickRequest) -> PickResponse {
     let policy = state.policy();
     let prompt = match policy {
-        Policy::Kvroute if wants_tokens(req) => exact_prompt(state, req).await,
+        // Dynamo tokenizes in its frontend: its KV router matches exact blocks too.
+        Policy::Kvroute | Policy::DynamoKv if wants_tokens(req) => exact_prompt(state, req).await,
         _ => None,
     };
     // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.

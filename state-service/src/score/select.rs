@@ -10,6 +10,7 @@
 //! an idle worker (which recomputes it). Sending it to the idle worker wastes a whole prefill
 //! and scatters the group; keeping it costs at most `tolerance` of its TTFT.
 
+use super::peers::{self, PeerView, Request};
 use super::Policy;
 use rand::Rng;
 
@@ -65,12 +66,24 @@ pub struct Choice {
     pub learned_blocks: u32,
     /// Requests queued or running there.
     pub load: u64,
+    /// What the peer policies read.
+    pub peer: PeerView,
 }
 
-/// Index into `candidates` (non-empty; 0 otherwise) of the worker `policy` takes. `ticket`
-/// is this pick's round-robin number; `tolerance` is kvroute's affinity tolerance. A pure
+/// What every candidate shares: the request and the policy's parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Context {
+    /// kvroute's affinity tolerance.
+    pub tolerance: f64,
+    /// This pick's round-robin number.
+    pub ticket: u64,
+    pub request: Request,
+}
+
+/// Index into `candidates` (non-empty; 0 otherwise) of the worker `policy` takes. A pure
 /// function of its arguments and the rng's state: the one place policies differ.
-pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], tolerance: f64, ticket: u64, rng: &mut R) -> usize {
+pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], ctx: &Context, rng: &mut R) -> usize {
+    let (tolerance, ticket) = (ctx.tolerance, ctx.ticket);
     let n = candidates.len();
     if n == 0 {
         return 0;
@@ -83,6 +96,14 @@ pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], tolerance:
         // Learned routing only, never the KV index: the baseline of routers without KV events.
         Policy::ApproxPrefix => pick_min(&by(&|c| -f64::from(c.learned_blocks)), rng),
         Policy::Kvroute => pick_fastest(candidates, tolerance, rng),
+        Policy::SglangCacheAware | Policy::LlmdDefault | Policy::DynamoKv => {
+            let views: Vec<PeerView> = candidates.iter().map(|c| c.peer).collect();
+            Some(match policy {
+                Policy::SglangCacheAware => peers::sglang(&views, &ctx.request),
+                Policy::LlmdDefault => peers::llmd(&views, &ctx.request, rng),
+                _ => peers::dynamo(&views, &ctx.request, rng),
+            })
+        }
     };
     picked.unwrap_or(0)
 }
@@ -109,7 +130,7 @@ mod tests {
     }
 
     fn t(ttft_ms: f64, matched_blocks: u32, load: u64) -> Choice {
-        Choice { ttft_ms, matched_blocks, learned_blocks: 0, load }
+        Choice { ttft_ms, matched_blocks, learned_blocks: 0, load, peer: PeerView::default() }
     }
 
     #[test]
@@ -135,7 +156,11 @@ mod tests {
     }
 
     fn c(ttft_ms: f64, matched_blocks: u32, learned_blocks: u32, load: u64) -> Choice {
-        Choice { ttft_ms, matched_blocks, learned_blocks, load }
+        Choice { ttft_ms, matched_blocks, learned_blocks, load, peer: PeerView::default() }
+    }
+
+    fn ctx(ticket: u64) -> Context {
+        Context { tolerance: 0.3, ticket, request: Request::default() }
     }
 
     #[test]
@@ -143,20 +168,20 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         // 0: fastest; 1: most learned; 2: least loaded.
         let cands = [c(10.0, 0, 0, 5), c(50.0, 0, 9, 5), c(90.0, 0, 0, 1)];
-        assert_eq!(choose(Policy::Kvroute, &cands, 0.3, 0, &mut rng), 0);
-        assert_eq!(choose(Policy::ApproxPrefix, &cands, 0.3, 0, &mut rng), 1);
-        assert_eq!(choose(Policy::LeastLoaded, &cands, 0.3, 0, &mut rng), 2);
-        let rr: Vec<usize> = (0..6).map(|t| choose(Policy::RoundRobin, &cands, 0.3, t, &mut rng)).collect();
+        assert_eq!(choose(Policy::Kvroute, &cands, &ctx(0), &mut rng), 0);
+        assert_eq!(choose(Policy::ApproxPrefix, &cands, &ctx(0), &mut rng), 1);
+        assert_eq!(choose(Policy::LeastLoaded, &cands, &ctx(0), &mut rng), 2);
+        let rr: Vec<usize> = (0..6).map(|t| choose(Policy::RoundRobin, &cands, &ctx(t), &mut rng)).collect();
         assert_eq!(rr, vec![0, 1, 2, 0, 1, 2]);
-        let random: BTreeSet<usize> = (0..64).map(|_| choose(Policy::Random, &cands, 0.3, 0, &mut rng)).collect();
+        let random: BTreeSet<usize> = (0..64).map(|_| choose(Policy::Random, &cands, &ctx(0), &mut rng)).collect();
         assert_eq!(random.len(), 3);
-        assert_eq!(choose(Policy::Kvroute, &[], 0.3, 0, &mut rng), 0);
+        assert_eq!(choose(Policy::Kvroute, &[], &ctx(0), &mut rng), 0);
     }
 
     #[test]
     fn the_same_rng_state_gives_the_same_choice() {
         let cands = [c(10.0, 1, 0, 0), c(10.0, 1, 0, 0), c(10.0, 1, 0, 0)];
-        let run = |seed| (0..16).map(|_| choose(Policy::Kvroute, &cands, 0.3, 0, &mut StdRng::seed_from_u64(seed))).collect::<Vec<_>>();
+        let run = |seed| (0..16).map(|_| choose(Policy::Kvroute, &cands, &ctx(0), &mut StdRng::seed_from_u64(seed))).collect::<Vec<_>>();
         assert_eq!(run(3), run(3));
     }
 }

@@ -216,6 +216,12 @@ impl Gen {
         let hashes = hashes[start..start + len].to_vec();
         self.emitted[ei].extend(&hashes);
         let tier = self.tier();
+        if tier != Tier::Gpu && self.rng.gen_bool(0.5) {
+            // vLLM's offloading connector by default: one placeholder per block, no tokens,
+            // no parent, block_size 0 (naming blocks the engine stored on its GPU).
+            let hash = hashes[self.rng.gen_range(0..hashes.len())];
+            return Some(KvEvent::Stored { hashes: vec![hash], parent: None, token_ids: Vec::new(), block_size: 0, lora_name: None, cache_salt: None, tier });
+        }
         Some(KvEvent::Stored { hashes, parent, token_ids, block_size, lora_name, cache_salt, tier })
     }
 
