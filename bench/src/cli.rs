@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use kvroute_bench::bounds::{self, capacity::SimFlags, Capacity};
-use kvroute_bench::compare::{CompareSpec, POLICIES};
+use kvroute_bench::compare::{CompareSpec, DEFAULT_POLICIES, POLICIES};
 use kvroute_bench::runner::{Arrival, RunSpec};
 use kvroute_bench::stats::Slo;
 use kvroute_bench::workload::{
@@ -126,7 +126,7 @@ impl WorkloadArgs {
 #[derive(Args, Debug, Clone, serde::Serialize)]
 pub struct CompareArgs {
     /// Policies to compare, in order.
-    #[arg(long, value_delimiter = ',', default_values_t = POLICIES.map(String::from))]
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_POLICIES.map(String::from))]
     pub policies: Vec<String>,
     /// Offered rate(s) in requests/s (sessions/s for multi-turn), in simulated time (the
     /// real rate is this divided by --time-scale); several = a sweep.

@@ -13,7 +13,13 @@ use crate::BenchError;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
-pub const POLICIES: [&str; 5] = ["random", "round_robin", "least_loaded", "approx_prefix", "kvroute"];
+/// Every policy the state service knows (its `score::Policy` names).
+pub const POLICIES: [&str; 8] =
+    ["random", "round_robin", "least_loaded", "approx_prefix", "sglang_cache_aware", "llmd_default", "dynamo_kv", "kvroute"];
+
+/// What a comparison runs unless told otherwise: the plain balancers, the peers users would
+/// deploy instead (SGLang's, llm-d's and Dynamo's published rules with their defaults), kvroute.
+pub const DEFAULT_POLICIES: [&str; 6] = ["random", "least_loaded", "sglang_cache_aware", "llmd_default", "dynamo_kv", "kvroute"];
 
 #[derive(Clone, Debug)]
 pub struct CompareSpec {

@@ -12,7 +12,7 @@
 //! admission, so a preempted request's re-admission hits its own blocks again). Workers that
 //! lack them make the figure `None` ("n/a"), never an error.
 
-use crate::report::{CacheDelta, FirstScheduled};
+use crate::counters::{CacheDelta, FirstScheduled};
 use crate::BenchError;
 use std::time::{Duration, Instant};
 

@@ -22,6 +22,7 @@ pub mod bounds;
 pub mod client;
 pub mod compare;
 pub mod control;
+pub mod counters;
 pub mod error;
 pub mod plot;
 pub mod report;

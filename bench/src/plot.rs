@@ -13,17 +13,13 @@ const L: f64 = 70.0;
 const R: f64 = 170.0;
 const T: f64 = 40.0;
 const B: f64 = 50.0;
-const COLORS: &[&str] = &["#d62728", "#7f7f7f", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b"];
+const COLORS: &[&str] = &["#d62728", "#7f7f7f", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
 
+/// One colour per known policy (so the peers never share one), the rest cycling after them.
 fn color(policy: &str, i: usize) -> &'static str {
-    match policy {
-        "random" => COLORS[0],
-        "round_robin" => COLORS[1],
-        "least_loaded" => COLORS[2],
-        "approx_prefix" => COLORS[3],
-        "kvroute" => COLORS[4],
-        _ => COLORS[5 + i % 2],
-    }
+    let known = ["random", "round_robin", "least_loaded", "approx_prefix", "kvroute", "sglang_cache_aware", "llmd_default", "dynamo_kv"];
+    let at = known.iter().position(|p| *p == policy).unwrap_or(known.len() + i % (COLORS.len() - known.len()));
+    COLORS.get(at).copied().unwrap_or("#000000")
 }
 
 fn esc(s: &str) -> String {

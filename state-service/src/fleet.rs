@@ -29,7 +29,7 @@ use crate::assign::{Assignment, Assignments, ReportOutcome, Speculative};
 use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::index::KvIndex;
 use crate::load::LoadState;
-use crate::score::prefix_sets::{PrefixSets, SetMatch};
+use crate::score::prefix_sets::{Evict, PrefixSets, SetMatch};
 use crate::score::{peers, ApproxMap, Calibration, Policy};
 use crate::types::{BlockKey, WorkerId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
@@ -96,7 +96,10 @@ struct PeerSets {
 
 impl Default for PeerSets {
     fn default() -> Self {
-        PeerSets { sglang: PrefixSets::new(peers::sglang::MAX_TREE_CHUNKS), llmd: PrefixSets::new(peers::llmd::LRU_CAPACITY_PER_SERVER) }
+        PeerSets {
+            sglang: PrefixSets::new(peers::sglang::MAX_TREE_CHUNKS, Evict::TailFirst),
+            llmd: PrefixSets::new(peers::llmd::LRU_CAPACITY_PER_SERVER, Evict::InOrder),
+        }
     }
 }
 

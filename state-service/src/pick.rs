@@ -16,7 +16,8 @@ pub use prompt::PromptView;
 use crate::assign::{Assignment, AssignmentId};
 use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
-use crate::score::peers::{PeerView, Request};
+use crate::score::peers::{self, PeerView, Request};
+use crate::types::BlockKey;
 use crate::score::{choose, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
@@ -79,7 +80,7 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
     let ctx = Context {
         tolerance: state.config.affinity_tolerance,
         ticket: if policy == Policy::RoundRobin { state.selector.ticket() } else { 0 },
-        request: Request { keys: prompt.keys.len() as u32, tokens: prompt.prompt_tokens, block_size: prompt.tokens_per_key },
+        request: Request { keys: peer_keys(policy, &prompt).len() as u32, tokens: prompt.prompt_tokens, block_size: prompt.tokens_per_key },
     };
     let mut rng = state.selector.rng();
     let Some(chosen) = candidates.get(choose(policy, &choices, &ctx, &mut rng)) else {
@@ -146,7 +147,7 @@ fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: Degrade
 
 fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, now: Instant) -> Vec<Candidate> {
     let held = matches(state, policy, &workers, prompt, now);
-    let sets = state.fleet.peer_matches(policy, &workers, &prompt.keys);
+    let sets = state.fleet.peer_matches(policy, &workers, peer_keys(policy, prompt));
     let priors = &state.config.priors;
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
     // realloc) the larger views' buffer.
@@ -185,10 +186,20 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
                 host_blocks: if exact { matched.saturating_sub(gpu) } else { 0 },
                 prefill_tokens_in_flight: worker.pending.waiting_tokens,
                 active_blocks: (worker.pending.in_flight_tokens + worker.pending.max_cached_tokens) / u64::from(prompt.tokens_per_key.max(1)),
+                active_prefix_blocks: worker.pending.max_cached_tokens / u64::from(prompt.tokens_per_key.max(1)),
             };
             Candidate { worker: worker.entry.clone(), load, matched, learned, prediction, peer }
         })
         .collect()
+}
+
+/// The keys an approximate peer hashes: llm-d cuts the prompt to its first 256 blocks.
+fn peer_keys(policy: Policy, prompt: &PromptView) -> &[BlockKey] {
+    let n = match policy {
+        Policy::LlmdDefault => peers::llmd::keys_matched(prompt.keys.len(), prompt.exact),
+        _ => prompt.keys.len(),
+    };
+    prompt.keys.get(..n).unwrap_or(&prompt.keys)
 }
 
 /// What one worker holds of the prompt, in keys.
@@ -233,7 +244,7 @@ fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candid
             Arc::from([])
         }
         Policy::SglangCacheAware | Policy::LlmdDefault => {
-            state.fleet.peer_learn(policy, &prompt.keys, worker);
+            state.fleet.peer_learn(policy, peer_keys(policy, prompt), worker);
             Arc::from([])
         }
         _ => Arc::from([]),

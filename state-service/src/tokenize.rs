@@ -134,6 +134,11 @@ impl Tokenization {
             Err(reason) => {
                 metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, reason);
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no local tokenization");
+                // Out of time or capacity, or too long for the budget: a worker call would
+                // cost more of the same and push the overload onto the workers.
+                if matches!(reason, TokenizeFailure::Deadline | TokenizeFailure::Busy | TokenizeFailure::Truncated) {
+                    return None;
+                }
             }
         }
         if !self.worker_fallback {

@@ -87,11 +87,7 @@ impl EngineMap {
         if self.cold.is_empty() {
             return held.len();
         }
-        if self.cold.len() < held.len() {
-            // Fewer cold keys than matched ones: find the earliest of them in the prompt.
-            let pos: HashMap<BlockKey, usize, SeededState> = held.iter().enumerate().map(|(i, k)| (*k, i)).rev().collect();
-            return self.cold.keys().filter(|k| !self.on_gpu(k)).filter_map(|k| pos.get(k).copied()).min().unwrap_or(held.len());
-        }
+        // Stops at the first key off the GPU: at most the GPU prefix plus one lookup.
         held.iter().take_while(|k| self.on_gpu(k)).count()
     }
 

@@ -30,10 +30,25 @@ pub mod llmd {
     pub const QUEUE_WEIGHT: f64 = 2.0;
     pub const KV_UTILIZATION_WEIGHT: f64 = 2.0;
     pub const PREFIX_WEIGHT: f64 = 3.0;
-    /// `maxPrefixBlocksToMatch`.
+    /// `maxPrefixBlocksToMatch`, in llm-d's 64-character blocks: the prompt is cut to these
+    /// before hashing (one 16-token key is one such block; a 256-byte text chunk is four).
     pub const MAX_PREFIX_BLOCKS: u32 = 256;
-    /// `lruCapacityPerServer`: blocks each pod's index keeps.
+    /// `lruCapacityPerServer`: blocks each pod's index keeps (in 16-token keys; text-chunk
+    /// keys stand for four blocks each, so that many keys remember four times the text).
     pub const LRU_CAPACITY_PER_SERVER: usize = 31_250;
+    /// llm-d blocks one kvroute key stands for.
+    pub fn blocks_per_key(exact: bool) -> u32 {
+        if exact {
+            1
+        } else {
+            4
+        }
+    }
+
+    /// The leading keys llm-d hashes of a prompt of `keys` keys.
+    pub fn keys_matched(keys: usize, exact: bool) -> usize {
+        keys.min((MAX_PREFIX_BLOCKS / blocks_per_key(exact)) as usize)
+    }
 }
 
 /// NVIDIA Dynamo's KV router (ai-dynamo/dynamo `lib/llm/src/kv_router/scheduler.rs` and
@@ -68,6 +83,9 @@ pub struct PeerView {
     /// prefix among them, counted once).
     pub prefill_tokens_in_flight: u64,
     pub active_blocks: u64,
+    /// Of the active blocks, the shared cached prefix (the largest cached part among the
+    /// in-flight requests): the request's overlap is among the active blocks only up to this.
+    pub active_prefix_blocks: u64,
 }
 
 /// The request as the peers see it.
@@ -105,6 +123,7 @@ pub fn sglang(c: &[PeerView], req: &Request) -> usize {
 /// (within the first 256) over the prompt's blocks.
 pub fn llmd<R: Rng + ?Sized>(c: &[PeerView], req: &Request, rng: &mut R) -> usize {
     let (qmax, qmin) = (c.iter().map(|v| v.queue).max().unwrap_or(0), c.iter().map(|v| v.queue).min().unwrap_or(0));
+    // Keys beyond the cut were never hashed (pick.rs matches and learns only the leading ones).
     let blocks = req.keys.min(llmd::MAX_PREFIX_BLOCKS);
     let score = |v: &PeerView| {
         let queue = if qmax == qmin { 1.0 } else { f64::from(qmax - v.queue) / f64::from(qmax - qmin) };
@@ -118,15 +137,17 @@ pub fn llmd<R: Rng + ?Sized>(c: &[PeerView], req: &Request, rng: &mut R) -> usiz
 /// Dynamo: `logit = 1.0 * prefill_blocks + decode_blocks`, lowest wins (temperature 0), ties at
 /// random. `prefill_blocks` = (the request's tokens not covered by its credited overlap + the
 /// worker's in-flight prefill tokens) / block size; `decode_blocks` = the worker's active
-/// blocks + the request's blocks beyond the overlap.
+/// blocks + the request's blocks not among them.
 pub fn dynamo<R: Rng + ?Sized>(c: &[PeerView], req: &Request, rng: &mut R) -> usize {
     let bs = f64::from(req.block_size.max(1));
     let logit = |v: &PeerView| {
         let credited = f64::from(v.gpu_blocks) + dynamo::HOST_CREDIT * f64::from(v.host_blocks);
         let new_tokens = (f64::from(req.tokens) - credited * bs).max(0.0);
         let prefill = (new_tokens + v.prefill_tokens_in_flight as f64) / bs;
-        let overlap = v.gpu_blocks + v.host_blocks;
-        let decode = v.active_blocks as f64 + f64::from(req.keys.saturating_sub(overlap));
+        // New blocks: the request's blocks not among the worker's active ones (its overlap
+        // counts as active only as far as the active requests hold that prefix).
+        let overlap = u64::from(v.gpu_blocks + v.host_blocks).min(v.active_prefix_blocks);
+        let decode = v.active_blocks as f64 + (u64::from(req.keys).saturating_sub(overlap)) as f64;
         dynamo::OVERLAP_SCORE_WEIGHT * prefill + decode
     };
     random_min_by(c, logit, rng)
@@ -202,14 +223,24 @@ mod tests {
     #[test]
     fn dynamo_minimises_prefill_plus_decode_blocks() {
         let mut rng = StdRng::seed_from_u64(2);
-        let d = |gpu_blocks, prefill_tokens_in_flight, active_blocks| PeerView { gpu_blocks, prefill_tokens_in_flight, active_blocks, ..PeerView::default() };
+        // The warm worker's active requests share the prefix it holds.
+        let d = |gpu_blocks, prefill_tokens_in_flight, active_blocks| PeerView {
+            gpu_blocks,
+            prefill_tokens_in_flight,
+            active_blocks,
+            active_prefix_blocks: u64::from(gpu_blocks),
+            ..PeerView::default()
+        };
         // Overlap 8 of 10: prefill 2 + decode 20 + 2 = 24 vs cold: 10 + 10 + 10 = 30.
         assert_eq!(dynamo(&[d(8, 0, 20), d(0, 0, 10)], &REQ, &mut rng), 0);
+        // Cached by requests that have finished: its blocks are not active, decode 20 + 10.
+        let finished = PeerView { active_prefix_blocks: 0, ..d(8, 0, 20) };
+        assert_eq!(dynamo(&[finished, d(0, 0, 10)], &REQ, &mut rng), 1);
         // The warm worker's in-flight prefill (160 tokens = 10 blocks) tips it: 34 vs 30.
         assert_eq!(dynamo(&[d(8, 160, 20), d(0, 0, 10)], &REQ, &mut rng), 1);
         // Host-memory hits count 0.75 of a GPU hit.
-        let host = PeerView { host_blocks: 8, active_blocks: 20, ..PeerView::default() };
-        let gpu = PeerView { gpu_blocks: 8, active_blocks: 20, ..PeerView::default() };
+        let host = PeerView { host_blocks: 8, active_blocks: 20, active_prefix_blocks: 8, ..PeerView::default() };
+        let gpu = PeerView { gpu_blocks: 8, active_blocks: 20, active_prefix_blocks: 8, ..PeerView::default() };
         assert_eq!(dynamo(&[host, gpu], &REQ, &mut rng), 1);
     }
 }

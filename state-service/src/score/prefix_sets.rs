@@ -21,9 +21,23 @@ struct WorkerSet {
     order: VecDeque<(u64, BlockKey)>,
 }
 
+/// Which end of a prompt goes first when a worker's memory is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evict {
+    /// SGLang's trees pop leaves: a prompt's tail before its prefix.
+    TailFirst,
+    /// llm-d's per-pod LRU of block hashes, added in prompt order: its head first.
+    InOrder,
+}
+
 impl WorkerSet {
-    fn learn(&mut self, keys: &[BlockKey], capacity: usize) {
-        for key in keys {
+    fn learn(&mut self, keys: &[BlockKey], capacity: usize, evict: Evict) {
+        let ordered: Box<dyn Iterator<Item = &BlockKey>> = match evict {
+            // The tail learned first is the oldest of this prompt, so it goes first.
+            Evict::TailFirst => Box::new(keys.iter().rev()),
+            Evict::InOrder => Box::new(keys.iter()),
+        };
+        for key in ordered {
             self.tick += 1;
             if self.keys.insert(*key, self.tick).is_none() {
                 self.order.push_back((self.tick, *key));
@@ -55,14 +69,15 @@ pub struct SetMatch {
 #[derive(Debug)]
 pub struct PrefixSets {
     capacity: usize,
+    evict: Evict,
     workers: WorkerSlots,
     sets: Vec<WorkerSet>,
 }
 
 impl PrefixSets {
     /// `capacity`: keys kept per worker.
-    pub fn new(capacity: usize) -> Self {
-        PrefixSets { capacity: capacity.max(1), workers: WorkerSlots::default(), sets: Vec::new() }
+    pub fn new(capacity: usize, evict: Evict) -> Self {
+        PrefixSets { capacity: capacity.max(1), evict, workers: WorkerSlots::default(), sets: Vec::new() }
     }
 
     pub fn learn(&mut self, keys: &[BlockKey], worker: &WorkerId) {
@@ -71,7 +86,7 @@ impl PrefixSets {
             self.sets.resize_with(w + 1, WorkerSet::default);
         }
         if let Some(set) = self.sets.get_mut(w) {
-            set.learn(keys, self.capacity);
+            set.learn(keys, self.capacity, self.evict);
         }
     }
 
@@ -115,7 +130,7 @@ mod tests {
     #[test]
     fn a_key_is_held_by_every_worker_it_went_to() {
         let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
-        let mut s = PrefixSets::new(100);
+        let mut s = PrefixSets::new(100, Evict::InOrder);
         s.learn(&keys(0..4), &a);
         s.learn(&keys(0..2), &b);
         s.learn(&[BlockKey(0), BlockKey(9), BlockKey(3)], &b);
@@ -126,9 +141,17 @@ mod tests {
     }
 
     #[test]
+    fn a_tail_first_memory_keeps_the_prefix() {
+        let a = WorkerId::new("a");
+        let mut s = PrefixSets::new(3, Evict::TailFirst);
+        s.learn(&keys(0..5), &a);
+        assert_eq!(s.matches(&[&a], &keys(0..5))[0].leading, 3, "0, 1, 2 kept; 3, 4 popped");
+    }
+
+    #[test]
     fn each_worker_is_bounded_least_recently_learned_first() {
         let a = WorkerId::new("a");
-        let mut s = PrefixSets::new(3);
+        let mut s = PrefixSets::new(3, Evict::InOrder);
         s.learn(&keys(0..3), &a);
         s.learn(&keys(0..1), &a); // 0 relearned: 1 is now the oldest
         s.learn(&keys(10..11), &a);
