@@ -201,14 +201,7 @@ impl Engine {
                 if new_blocks + evictable_hits + reserved > self.pool.num_free() {
                     break;
                 }
-                let Some(mut req) = self.waiting.remove(i) else { break };
-                self.pool.touch(&hits);
-                let fresh = self.pool.allocate(new_blocks, ev).unwrap_or_default();
-                self.note_alloc(alloc, &fresh);
-                req.num_cached_blocks = hits.len();
-                req.blocks = hits;
-                req.blocks.extend(fresh);
-                req.num_computed = computed;
+                let Some(mut req) = self.take_waiting(i, hits, new_blocks, computed, ev, alloc) else { break };
                 self.record_admission(&mut req, local, external);
                 if let Some(cpu) = &mut self.cpu {
                     cpu.start_load(&mut req, local / bs, computed / bs, now);
@@ -223,14 +216,7 @@ impl Engine {
             if new_blocks + evictable_hits > self.pool.num_free() {
                 break;
             }
-            let Some(mut req) = self.waiting.remove(i) else { break };
-            self.pool.touch(&hits);
-            let fresh = self.pool.allocate(new_blocks, ev).unwrap_or_default();
-            self.note_alloc(alloc, &fresh);
-            req.num_cached_blocks = hits.len();
-            req.blocks = hits;
-            req.blocks.extend(fresh);
-            req.num_computed = computed;
+            let Some(mut req) = self.take_waiting(i, hits, new_blocks, computed, ev, alloc) else { break };
             self.record_admission(&mut req, local, 0);
             req.first_scheduled.get_or_insert(now);
             self.running.push(req);
@@ -243,7 +229,29 @@ impl Engine {
 
     /// Cache statistics of one admission: vLLM's prefix-cache queries (every admission),
     /// the connector's (never-preempted requests only) and the first-scheduling counters.
-    fn record_admission(&mut self, req: &mut Request, local: usize, external: usize) {
+    /// Takes waiting request `i` into the pool: its GPU cache hits (touched) plus `new_blocks`
+    /// fresh blocks, with `computed` tokens already done (hits, and any loading from CPU).
+    fn take_waiting(
+        &mut self,
+        i: usize,
+        hits: Vec<BlockId>,
+        new_blocks: usize,
+        computed: usize,
+        ev: &mut Vec<KvEvent>,
+        alloc: &mut HashSet<BlockId>,
+    ) -> Option<Request> {
+        let mut req = self.waiting.remove(i)?;
+        self.pool.touch(&hits);
+        let fresh = self.pool.allocate(new_blocks, ev).unwrap_or_default();
+        self.note_alloc(alloc, &fresh);
+        req.num_cached_blocks = hits.len();
+        req.blocks = hits;
+        req.blocks.extend(fresh);
+        req.num_computed = computed;
+        Some(req)
+    }
+
+        fn record_admission(&mut self, req: &mut Request, local: usize, external: usize) {
         let st = &mut self.stats;
         st.prefix_cache_queries += req.tokens.len() as u64;
         st.prefix_cache_hits += local as u64;
