@@ -177,7 +177,7 @@ impl Fleet {
             FleetEvent::CalibrationRestored { worker, calibration } => match self.worker(worker.as_str()) {
                 Some(w) => {
                     *w.calibration.lock() = *calibration;
-                    Applied::Calibrated(worker.clone(), *calibration)
+                    Applied::Calibrated
                 }
                 None => Applied::Unknown,
             },

@@ -22,7 +22,7 @@ pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
         None => ReportOutcomeLabel::Invalid,
         Some(event) => {
             let applied = state.apply(event);
-            observe(&state.metrics, report, &applied);
+            observe(&state.metrics, report, kind, &applied);
             match applied {
                 Applied::FirstToken { .. } | Applied::Freed(_) => ReportOutcomeLabel::Applied,
                 Applied::Duplicate => ReportOutcomeLabel::Duplicate,
@@ -64,7 +64,7 @@ fn usage(report: &Report) -> Usage {
 }
 
 /// What this replica learns from its own reports (replicated ones are not observed twice).
-fn observe(m: &Metrics, report: &Report, applied: &Applied) {
+fn observe(m: &Metrics, report: &Report, kind: ReportKindLabel, applied: &Applied) {
     match applied {
         Applied::FirstToken { assignment: a, .. } if report.elapsed_ms.is_finite() && report.elapsed_ms > 0.0 => {
             m.ttft_predicted.observe(a.predicted_ttft_ms / 1000.0);
@@ -73,7 +73,7 @@ fn observe(m: &Metrics, report: &Report, applied: &Applied) {
                 m.ttft_error_ratio.observe(report.elapsed_ms / a.predicted_ttft_ms);
             }
         }
-        Applied::Freed(a) if kind_label(report.kind) == ReportKindLabel::Complete => {
+        Applied::Freed(a) if kind == ReportKindLabel::Complete => {
             if let Some(error) = cache_prediction_error(a, &usage(report)) {
                 m.cache_prediction_error.observe(error);
             }

@@ -13,6 +13,7 @@
 //! - [`approx`]: the text-chunk key -> worker map that routers without KV events rely on.
 
 pub mod approx;
+pub mod clock;
 pub mod calibrate;
 pub mod model;
 pub mod peers;

@@ -43,7 +43,8 @@ pub enum Applied {
     Freed(Assignment),
     WorkerAdded(Arc<WorkerEntry>),
     WorkerRemoved(Arc<WorkerEntry>),
-    Calibrated(WorkerId, Calibration),
+    /// A restored calibration was installed.
+    Calibrated,
     /// Already applied (a repeated report, a replicated assignment known here).
     Duplicate,
     /// Nothing to apply it to: an unknown or already-freed assignment, an unknown worker.

@@ -3,44 +3,34 @@
 //! later request is sent where its longest learned chunk prefix went. Bounded: keys that were
 //! not relearned for longest are forgotten first.
 //!
-//! A pick learns every key of its prompt (547 for a 32k-token text), so the recency order is
-//! a queue with one place per learned key rather than an ordered map: relearning a key only
-//! updates its tick, and eviction gives a key whose tick moved on since it was queued a
-//! second chance at the back (CLOCK-like: approximately least recently learned first, with no
-//! per-learn reordering and no compaction pauses).
+//! The bound and its eviction order are [`super::clock::Clock`]'s.
 
-use crate::hasher::SeededState;
+use super::clock::Clock;
 use crate::types::{BlockKey, WorkerId, WorkerSlots};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 #[derive(Debug)]
 pub struct ApproxMap {
-    capacity: usize,
-    tick: u64,
     workers: WorkerSlots,
-    /// key -> (worker, tick of last learning).
-    map: HashMap<BlockKey, (u32, u64), SeededState>,
-    /// (tick when queued, key), one place per learned key, oldest first.
-    order: VecDeque<(u64, BlockKey)>,
+    /// key -> the worker slot it last went to.
+    learned: Clock<u32>,
 }
 
 impl ApproxMap {
     pub fn new(capacity: usize) -> Self {
-        let capacity = capacity.max(1);
-        ApproxMap { capacity, tick: 0, workers: WorkerSlots::default(), map: HashMap::default(), order: VecDeque::new() }
+        ApproxMap { workers: WorkerSlots::default(), learned: Clock::new(capacity) }
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.learned.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.learned.is_empty()
     }
 
     pub fn clear(&mut self) {
-        self.map.clear();
-        self.order.clear();
+        self.learned.clear();
     }
 
     /// Per worker, how many leading `keys` were last routed to it. Keys are chained, so the
@@ -48,7 +38,7 @@ impl ApproxMap {
     pub fn matches(&self, keys: &[BlockKey]) -> HashMap<WorkerId, u32> {
         let mut held = vec![0u32; self.workers.len()];
         for (i, key) in keys.iter().enumerate() {
-            let Some(&(w, _)) = self.map.get(key) else { break };
+            let Some(&w) = self.learned.get(key) else { break };
             held[w as usize] = i as u32 + 1;
         }
         self.workers.named(held).into_iter().collect()
@@ -58,29 +48,15 @@ impl ApproxMap {
     pub fn learn(&mut self, keys: &[BlockKey], worker: &WorkerId) {
         let w = self.workers.intern(worker);
         for key in keys {
-            self.tick += 1;
-            if self.map.insert(*key, (w, self.tick)).is_none() {
-                self.order.push_back((self.tick, *key));
-            }
+            self.learned.learn(*key, w);
         }
-        while self.map.len() > self.capacity {
-            let Some((queued, key)) = self.order.pop_front() else { break };
-            match self.map.get(&key) {
-                Some(&(_, tick)) if tick == queued => {
-                    self.map.remove(&key);
-                }
-                Some(&(_, tick)) => self.order.push_back((tick, key)),
-                None => {}
-            }
-        }
+        self.learned.evict();
     }
 
     /// Forgets every key learned for `worker` (it was deregistered).
     pub fn forget_worker(&mut self, worker: &WorkerId) {
         let Some(w) = self.workers.find(worker) else { return };
-        self.map.retain(|_, (x, _)| *x != w);
-        let map = &self.map;
-        self.order.retain(|(_, key)| map.contains_key(key));
+        self.learned.retain(|x| *x != w);
         self.workers.release(w);
     }
 }
@@ -129,7 +105,7 @@ mod tests {
         for _ in 0..1000 {
             m.learn(&keys(0..4), &a);
         }
-        assert_eq!(m.order.len(), m.len(), "one place per learned key");
+        assert_eq!(m.learned.queued(), m.len(), "one place per learned key");
         m.learn(&keys(10..14), &b);
         // Full; the next key evicts the oldest key not relearned since it was queued: 10,
         // not the older but hot 0..4.
@@ -137,6 +113,6 @@ mod tests {
         assert_eq!(m.matches(&keys(0..4)).get(&a), Some(&4));
         assert_eq!(m.matches(&keys(10..14)).get(&b), None);
         assert_eq!(m.matches(&keys(11..14)).get(&b), Some(&3));
-        assert_eq!((m.len(), m.order.len()), (8, 8));
+        assert_eq!((m.len(), m.learned.queued()), (8, 8));
     }
 }

@@ -8,18 +8,8 @@
 //! Unlike [`super::ApproxMap`] (one owner per key: the last worker it went to) a key may be
 //! held by several workers, as in both peers' structures.
 
-use crate::hasher::SeededState;
+use super::clock::Clock;
 use crate::types::{BlockKey, WorkerId, WorkerSlots};
-use std::collections::{HashMap, VecDeque};
-
-/// One worker's keys with CLOCK-style LRU order (relearning moves a key's tick; eviction
-/// gives a key whose tick moved a second chance).
-#[derive(Debug, Default)]
-struct WorkerSet {
-    tick: u64,
-    keys: HashMap<BlockKey, u64, SeededState>,
-    order: VecDeque<(u64, BlockKey)>,
-}
 
 /// Which end of a prompt goes first when a worker's memory is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,28 +20,14 @@ pub enum Evict {
     InOrder,
 }
 
-impl WorkerSet {
-    fn learn(&mut self, keys: &[BlockKey], capacity: usize, evict: Evict) {
-        let ordered: Box<dyn Iterator<Item = &BlockKey>> = match evict {
-            // The tail learned first is the oldest of this prompt, so it goes first.
-            Evict::TailFirst => Box::new(keys.iter().rev()),
-            Evict::InOrder => Box::new(keys.iter()),
-        };
-        for key in ordered {
-            self.tick += 1;
-            if self.keys.insert(*key, self.tick).is_none() {
-                self.order.push_back((self.tick, *key));
-            }
-        }
-        while self.keys.len() > capacity {
-            let Some((queued, key)) = self.order.pop_front() else { break };
-            match self.keys.get(&key) {
-                Some(&tick) if tick == queued => drop(self.keys.remove(&key)),
-                Some(&tick) => self.order.push_back((tick, key)),
-                None => {}
-            }
-        }
+/// Learns `keys` into one worker's memory, oldest-to-evict first.
+fn learn(set: &mut Clock<()>, keys: &[BlockKey], evict: Evict) {
+    match evict {
+        // The tail learned first is the oldest of this prompt, so it goes first.
+        Evict::TailFirst => keys.iter().rev().for_each(|k| set.learn(*k, ())),
+        Evict::InOrder => keys.iter().for_each(|k| set.learn(*k, ())),
     }
+    set.evict();
 }
 
 /// What the sets say about one prompt for one worker.
@@ -71,7 +47,7 @@ pub struct PrefixSets {
     capacity: usize,
     evict: Evict,
     workers: WorkerSlots,
-    sets: Vec<WorkerSet>,
+    sets: Vec<Clock<()>>,
 }
 
 impl PrefixSets {
@@ -82,25 +58,26 @@ impl PrefixSets {
 
     pub fn learn(&mut self, keys: &[BlockKey], worker: &WorkerId) {
         let w = self.workers.intern(worker) as usize;
+        let capacity = self.capacity;
         if self.sets.len() <= w {
-            self.sets.resize_with(w + 1, WorkerSet::default);
+            self.sets.resize_with(w + 1, || Clock::new(capacity));
         }
         if let Some(set) = self.sets.get_mut(w) {
-            set.learn(keys, self.capacity, self.evict);
+            learn(set, keys, self.evict);
         }
     }
 
     /// Per worker of `workers`, in order.
     pub fn matches(&self, workers: &[&WorkerId], keys: &[BlockKey]) -> Vec<SetMatch> {
-        let sets: Vec<Option<&WorkerSet>> = workers.iter().map(|w| self.workers.find(w).and_then(|i| self.sets.get(i as usize))).collect();
-        let holds = |s: &Option<&WorkerSet>, k: &BlockKey| s.is_some_and(|s| s.keys.contains_key(k));
+        let sets: Vec<Option<&Clock<()>>> = workers.iter().map(|w| self.workers.find(w).and_then(|i| self.sets.get(i as usize))).collect();
+        let holds = |s: &Option<&Clock<()>>, k: &BlockKey| s.is_some_and(|s| s.contains(k));
         let run = keys.iter().take_while(|k| sets.iter().any(|s| holds(s, k))).count();
         let run_keys = keys.get(..run).unwrap_or(keys);
         sets.iter()
             .map(|s| SetMatch {
                 leading: keys.iter().take_while(|k| holds(s, k)).count() as u32,
                 in_run: run_keys.iter().filter(|k| holds(s, k)).count() as u32,
-                size: s.map_or(0, |s| s.keys.len() as u32),
+                size: s.map_or(0, |s| s.len() as u32),
             })
             .collect()
     }
@@ -113,7 +90,7 @@ impl PrefixSets {
     pub fn forget_worker(&mut self, worker: &WorkerId) {
         let Some(w) = self.workers.find(worker) else { return };
         if let Some(set) = self.sets.get_mut(w as usize) {
-            *set = WorkerSet::default();
+            set.clear();
         }
         self.workers.release(w);
     }

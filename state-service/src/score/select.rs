@@ -183,5 +183,7 @@ mod tests {
         let cands = [c(10.0, 1, 0, 0), c(10.0, 1, 0, 0), c(10.0, 1, 0, 0)];
         let run = |seed| (0..16).map(|_| choose(Policy::Kvroute, &cands, &ctx(0), &mut StdRng::seed_from_u64(seed))).collect::<Vec<_>>();
         assert_eq!(run(3), run(3));
+        // ...and the rng is what breaks the three-way tie: other seeds choose otherwise.
+        assert!((4..20).any(|seed| run(seed) != run(3)), "ties broken without the rng");
     }
 }
