@@ -19,73 +19,13 @@ use std::time::{Duration, Instant};
 pub const FIRST_SCHEDULED_PROMPT: &str = "kvroute_sim_prompt_tokens_first_scheduled_total";
 pub const FIRST_SCHEDULED_CACHED: &str = "kvroute_sim_cached_tokens_first_scheduled_total";
 
-/// One sample line of the exposition format.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Series {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
-}
+/// One sample line of the exposition format: the state service's parser, so the bench reads
+/// the workers' metrics exactly as the router does.
+pub use kvroute_state::load::parse::Sample as Series;
 
-impl Series {
-    pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
-    }
-}
-
-/// `name{k="v",...} value [timestamp]`; `None` for comments, blanks and lines it cannot read.
-fn parse_line(line: &str) -> Option<Series> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
-    let name = line[..name_end].to_string();
-    let mut rest = &line[name_end..];
-    let mut labels = Vec::new();
-    if let Some(body) = rest.strip_prefix('{') {
-        let mut chars = body.char_indices().peekable();
-        let close = loop {
-            while chars.peek().is_some_and(|(_, c)| c.is_whitespace() || *c == ',') {
-                chars.next();
-            }
-            match chars.peek() {
-                Some(&(i, '}')) => break i,
-                None => return None,
-                _ => {}
-            }
-            let mut key = String::new();
-            for (_, c) in chars.by_ref() {
-                if c == '=' {
-                    break;
-                }
-                key.push(c);
-            }
-            if chars.next().map(|(_, c)| c) != Some('"') {
-                return None;
-            }
-            let mut value = String::new();
-            loop {
-                match chars.next()?.1 {
-                    '"' => break,
-                    '\\' => match chars.next()?.1 {
-                        'n' => value.push('\n'),
-                        c => value.push(c),
-                    },
-                    c => value.push(c),
-                }
-            }
-            labels.push((key.trim().to_string(), value));
-        };
-        rest = &body[close + 1..];
-    }
-    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-    Some(Series { name, labels, value })
-}
-
-/// Every sample in exposition `text`.
+/// Every sample of `text` that parses.
 pub fn parse_series(text: &str) -> Vec<Series> {
-    text.lines().filter_map(parse_line).collect()
+    kvroute_state::load::parse::samples(text).collect()
 }
 
 /// Sum of the samples of `name` whose label `key` is `value`; `None` when there are none.
