@@ -49,6 +49,20 @@ pub mod wire {
             }
         }
     }
+
+    impl UpstreamFailure {
+        /// The one spelling of an upstream failure: the state service's `reason` label of
+        /// `kvroute_worker_suspected_total`. Ok is "ok".
+        pub fn label(self) -> &'static str {
+            match self {
+                UpstreamFailure::UpstreamOk => "ok",
+                UpstreamFailure::UpstreamFailedOver => "failed_over",
+                UpstreamFailure::UpstreamConnectFailure => "connect_failure",
+                UpstreamFailure::UpstreamReset => "reset",
+                UpstreamFailure::UpstreamServerError => "server_error",
+            }
+        }
+    }
 }
 
 pub use keys::{BlockKey, KeyRoot};

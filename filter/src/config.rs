@@ -52,6 +52,7 @@ pub struct RawConfig {
     pub tenant_header: Option<String>,
     pub trust_tenant_header: bool,
     pub strip_headers: Vec<String>,
+    pub fallback_endpoints: usize,
 }
 
 impl Default for RawConfig {
@@ -86,6 +87,7 @@ impl Default for RawConfig {
             tenant_header: None,
             trust_tenant_header: false,
             strip_headers: Vec::new(),
+            fallback_endpoints: 2,
         }
     }
 }
@@ -119,6 +121,10 @@ pub struct Config {
     pub trust_tenant_header: bool,
     /// Lower-case extra headers removed from every client request.
     pub strip_headers: Vec<String>,
+    /// Endpoint mode: how many of the pick's fallback endpoints follow the chosen one in the
+    /// override-host header (`IP:Port,IP:Port,...`; a retry moves down the list). 0 for a
+    /// header that takes one host (an ORIGINAL_DST cluster's `http_header_name`).
+    pub fallback_endpoints: usize,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -207,6 +213,7 @@ impl Config {
             tenant_header,
             trust_tenant_header: raw.trust_tenant_header,
             strip_headers,
+            fallback_endpoints: raw.fallback_endpoints,
         })
     }
 

@@ -5,7 +5,7 @@
 use crate::config::{Config, RoutingMode, OWN_HEADER_PREFIX};
 use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
 use kvroute_core::request::{Prompt, PromptRequest};
-use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
+use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath, UpstreamFailure};
 
 /// Why a request went to the route's default upstream instead of a picked worker. Every
 /// variant has a counter (`kvroute_fallback_<label>`) and is named in `x-kvroute-fallback`.
@@ -24,6 +24,8 @@ pub enum FallbackReason {
     PickUnavailable,
     /// The pick took longer than `pick_timeout_ms` (Envoy answered 504).
     PickTimeout,
+    /// The state service answered 429: it is shedding picks it cannot decide in time.
+    PickOverloaded,
     /// The state service answered with a non-2xx status.
     PickStatus,
     /// The state service answered 2xx with a body that is not a PickResponse.
@@ -40,13 +42,14 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 12] = [
+    pub const ALL: [FallbackReason; 13] = [
         FallbackReason::NoBody,
         FallbackReason::BodyTooLarge,
         FallbackReason::Unparsable,
         FallbackReason::DispatchFailed,
         FallbackReason::PickUnavailable,
         FallbackReason::PickTimeout,
+        FallbackReason::PickOverloaded,
         FallbackReason::PickStatus,
         FallbackReason::PickDecode,
         FallbackReason::UnknownModel,
@@ -65,6 +68,7 @@ impl FallbackReason {
             FallbackReason::DispatchFailed => "state_unavailable",
             FallbackReason::PickUnavailable => "pick_unavailable",
             FallbackReason::PickTimeout => "pick_timeout",
+            FallbackReason::PickOverloaded => "pick_overloaded",
             FallbackReason::PickStatus => "pick_status",
             FallbackReason::PickDecode => "pick_decode",
             FallbackReason::UnknownModel => DegradedReason::DegradedUnknownModel.label(),
@@ -149,7 +153,12 @@ pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> P
 #[derive(Clone, Debug, PartialEq)]
 pub struct Route {
     pub header: String,
+    /// The chosen target, then (endpoint mode) its fallbacks: `IP:Port,IP:Port,...`, the
+    /// override-host list Envoy's retry moves down.
     pub value: String,
+    /// The chosen worker's `host:port` (either mode; may be empty in cluster mode), to tell
+    /// later whether it is what answered.
+    pub address: String,
     pub assignment_id: u64,
     /// The `x-kvroute-decision` value describing the decision.
     pub decision: String,
@@ -167,9 +176,18 @@ pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, Fa
     if target.is_empty() || !is_header_value(target) {
         return Err(FallbackReason::NoTarget);
     }
+    let mut value = target.clone();
+    if config.routing_mode == RoutingMode::Endpoint {
+        let usable = |e: &&String| !e.is_empty() && *e != target && is_header_value(e) && !e.contains(',');
+        for fallback in resp.fallback_endpoints.iter().filter(usable).take(config.fallback_endpoints) {
+            value.push(',');
+            value.push_str(fallback);
+        }
+    }
     Ok(Route {
         header: config.route_header.clone(),
-        value: target.clone(),
+        value,
+        address: resp.endpoint.clone(),
         assignment_id: resp.assignment_id,
         decision: decision_value(resp),
     })
@@ -203,13 +221,47 @@ pub fn degraded_label(degraded: i32) -> &'static str {
     DegradedReason::try_from(degraded).map_or(FallbackReason::Degraded.label(), DegradedReason::label)
 }
 
+/// What happened to the chosen worker (`address`, its `host:port`; empty when unknown), from
+/// what the proxy saw when the response headers came: the upstream host that answered
+/// (`upstream.address`), the status, and Envoy's `response.code_details`. Returns the failure
+/// and the host that answered instead (empty when it was the chosen one).
+///
+/// - another upstream answered: the target failed before any response header (Envoy's retry
+///   policy only moves on for connect failures, refused streams and resets) and the request
+///   was failed over;
+/// - a 5xx the upstream sent (`via_upstream`): a server error, before the first body byte;
+/// - a 5xx Envoy made because the upstream connection failed or reset before headers;
+/// - any other local 5xx (no healthy upstream, overflow) is not the worker's doing.
+pub fn upstream_failure(address: &str, served_by: Option<&str>, status: Option<u32>, details: Option<&str>) -> (UpstreamFailure, String) {
+    let served = served_by.unwrap_or_default();
+    if !address.is_empty() && !served.is_empty() && served != address {
+        return (UpstreamFailure::UpstreamFailedOver, served.to_string());
+    }
+    if status.is_none_or(|s| s < 500) {
+        return (UpstreamFailure::UpstreamOk, String::new());
+    }
+    let details = details.unwrap_or_default();
+    let failure = if details == "via_upstream" {
+        UpstreamFailure::UpstreamServerError
+    } else if details.contains("connection_failure") || details.contains("connect_error") {
+        UpstreamFailure::UpstreamConnectFailure
+    } else if details.starts_with("upstream_reset_before_response_started") {
+        UpstreamFailure::UpstreamReset
+    } else {
+        UpstreamFailure::UpstreamOk
+    };
+    (failure, String::new())
+}
+
 /// The fallback for a pick that did not answer 2xx. Envoy's async client turns connection
 /// failures into a local 503 and its timeout into a 504, so those mean "unavailable" / "slow"
-/// whoever produced them; anything else is the state service's own error status.
+/// whoever produced them; 429 is the state service shedding load; anything else is its own
+/// error status.
 pub fn classify_pick_status(status: Option<&str>) -> FallbackReason {
     match status.and_then(|s| s.parse::<u16>().ok()) {
         None | Some(502) | Some(503) => FallbackReason::PickUnavailable,
         Some(504) => FallbackReason::PickTimeout,
+        Some(429) => FallbackReason::PickOverloaded,
         Some(_) => FallbackReason::PickStatus,
     }
 }
@@ -294,8 +346,41 @@ mod tests {
         assert_eq!(no_worker(DegradedReason::DegradedStateUnavailable as i32), Err(FallbackReason::Degraded));
         assert_eq!(no_worker(DegradedReason::DegradedNone as i32), Err(FallbackReason::Degraded));
         assert_eq!(no_worker(99), Err(FallbackReason::Degraded), "a reason from a newer state service");
+        let with_fallbacks = PickResponse {
+            fallback_endpoints: vec!["127.0.0.1:8102".into(), "127.0.0.1:8101".into(), "".into(), "a,b".into(), "127.0.0.1:8103".into(), "127.0.0.1:8104".into()],
+            ..resp.clone()
+        };
+        let r = route_from_pick(&config(""), &with_fallbacks).unwrap();
+        assert_eq!(r.value, "127.0.0.1:8101,127.0.0.1:8102,127.0.0.1:8103", "the target first, unusable entries skipped, 2 at most");
+        assert_eq!(r.address, "127.0.0.1:8101");
+        let r = route_from_pick(&config(r#","fallback_endpoints":0"#), &with_fallbacks).unwrap();
+        assert_eq!(r.value, "127.0.0.1:8101", "one host (ORIGINAL_DST takes no list)");
+        let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &with_fallbacks).unwrap();
+        assert_eq!(r.value, "worker_w1", "a cluster header names one cluster");
         let no_addr = PickResponse { worker_id: "w".into(), ..PickResponse::default() };
         assert_eq!(route_from_pick(&config(""), &no_addr), Err(FallbackReason::NoTarget));
+    }
+
+    #[test]
+    fn upstream_failures_are_read_from_what_envoy_saw() {
+        let t = "127.0.0.1:8101";
+        let ok = (UpstreamFailure::UpstreamOk, String::new());
+        assert_eq!(upstream_failure(t, Some(t), Some(200), Some("via_upstream")), ok);
+        assert_eq!(upstream_failure(t, None, Some(200), None), ok);
+        assert_eq!(upstream_failure(t, Some(t), Some(404), Some("via_upstream")), ok);
+        assert_eq!(
+            upstream_failure(t, Some("127.0.0.1:8102"), Some(200), Some("via_upstream")),
+            (UpstreamFailure::UpstreamFailedOver, "127.0.0.1:8102".to_string())
+        );
+        assert_eq!(upstream_failure(t, Some(t), Some(500), Some("via_upstream")).0, UpstreamFailure::UpstreamServerError);
+        let refused = "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}";
+        assert_eq!(upstream_failure(t, Some(t), Some(503), Some(refused)).0, UpstreamFailure::UpstreamConnectFailure);
+        assert_eq!(
+            upstream_failure(t, None, Some(503), Some("upstream_reset_before_response_started{connection_termination}")).0,
+            UpstreamFailure::UpstreamReset
+        );
+        assert_eq!(upstream_failure(t, None, Some(503), Some("no_healthy_upstream")), ok, "not the worker's doing");
+        assert_eq!(upstream_failure("", Some(t), Some(200), Some("via_upstream")), ok, "no address to compare with");
     }
 
     #[test]
@@ -349,6 +434,7 @@ mod tests {
         assert_eq!(classify_pick_status(None), FallbackReason::PickUnavailable);
         assert_eq!(classify_pick_status(Some("503")), FallbackReason::PickUnavailable);
         assert_eq!(classify_pick_status(Some("504")), FallbackReason::PickTimeout);
+        assert_eq!(classify_pick_status(Some("429")), FallbackReason::PickOverloaded);
         assert_eq!(classify_pick_status(Some("400")), FallbackReason::PickStatus);
         // Host-visible (x-kvroute-fallback, kvroute_fallback_<label> counters): pinned.
         let labels: Vec<&str> = FallbackReason::ALL.iter().map(|r| r.label()).collect();
@@ -361,6 +447,7 @@ mod tests {
                 "state_unavailable",
                 "pick_unavailable",
                 "pick_timeout",
+                "pick_overloaded",
                 "pick_status",
                 "pick_decode",
                 "unknown_model",

@@ -44,6 +44,13 @@ pub fn remove_header(map: MapType, name: &str) {
     warn_on_err("remove_map_value", hc::remove_map_value(map, name));
 }
 
+/// A host property as text (`["upstream", "address"]`), if the host has it. Hosts without a
+/// property (or without properties at all) answer `None`, never an error worth logging.
+pub fn property(path: &[&str]) -> Option<String> {
+    let bytes = hc::get_property(path.to_vec()).ok().flatten()?;
+    String::from_utf8(bytes).ok()
+}
+
 /// Bytes `[start, start+len)` of a body buffer.
 pub fn buffer(kind: BufferType, start: usize, len: usize) -> Option<Bytes> {
     warn_on_err("get_buffer", hc::get_buffer(kind, start, len)).flatten()

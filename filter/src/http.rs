@@ -7,7 +7,8 @@
 //! failure resumes it toward the route's default upstream with a counted reason.
 
 use crate::decision::{
-    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, FallbackReason, RequestMeta,
+    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, upstream_failure, FallbackReason,
+    RequestMeta,
 };
 use crate::host;
 use crate::report::ResponseTracker;
@@ -44,6 +45,8 @@ pub struct HttpFilter {
     fallback: Option<FallbackReason>,
     decision: Option<String>,
     tracker: Option<ResponseTracker>,
+    /// The chosen worker's `host:port` (what [`upstream_failure`] compares against).
+    address: String,
     /// The request asked for a stream: only then is the response's first byte its first token.
     streaming: bool,
 }
@@ -57,6 +60,7 @@ impl HttpFilter {
             fallback: None,
             decision: None,
             tracker: None,
+            address: String::new(),
             streaming: false,
         }
     }
@@ -121,6 +125,7 @@ impl HttpFilter {
             self.tracker = Some(ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming));
         }
         self.decision = Some(route.decision);
+        self.address = route.address;
         Ok(())
     }
 
@@ -218,7 +223,10 @@ impl HttpContext for HttpFilter {
         }
         if let Some(t) = self.tracker.as_mut() {
             let status = host::header(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok());
-            let reports = t.on_headers(status, end_of_stream, host::now_ms());
+            let served_by = host::property(&["upstream", "address"]);
+            let details = host::property(&["response", "code_details"]);
+            let upstream = upstream_failure(&self.address, served_by.as_deref(), status, details.as_deref());
+            let reports = t.on_headers(status, end_of_stream, host::now_ms(), upstream);
             self.queue(reports);
         }
         Action::Continue

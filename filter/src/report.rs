@@ -7,7 +7,7 @@
 //! drops its oldest entries past `max_pending` (the service frees unreported assignments by TTL).
 
 use crate::usage::{parse_usage, Tail};
-use kvroute_core::wire::{Report, ReportBatch, ReportKind};
+use kvroute_core::wire::{Report, ReportBatch, ReportKind, UpstreamFailure};
 use prost::Message;
 use std::collections::VecDeque;
 
@@ -72,6 +72,8 @@ pub struct ResponseTracker {
     first_token: bool,
     done: bool,
     tail: Tail,
+    /// What happened to the chosen worker, told once: on the first report after the headers.
+    upstream: Option<(UpstreamFailure, String)>,
 }
 
 impl ResponseTracker {
@@ -84,22 +86,30 @@ impl ResponseTracker {
             first_token: false,
             done: false,
             tail: Tail::new(tail_bytes),
+            upstream: None,
         }
     }
 
-    fn report(&self, kind: ReportKind, now_ms: f64) -> Report {
+    fn report(&mut self, kind: ReportKind, now_ms: f64) -> Report {
+        let (failure, served_by) = self.upstream.take().unwrap_or((UpstreamFailure::UpstreamOk, String::new()));
         Report {
             assignment_id: self.assignment_id,
             kind: kind as i32,
             elapsed_ms: (now_ms - self.started_ms).max(0.0),
             status: self.status,
+            upstream_failure: failure as i32,
+            served_by,
             ..Report::default()
         }
     }
 
-    /// Response headers arrived; a header-only response is complete at once.
-    pub fn on_headers(&mut self, status: Option<u32>, end_of_stream: bool, now_ms: f64) -> Vec<Report> {
+    /// Response headers arrived (`upstream`: what happened to the chosen worker, from
+    /// [`crate::decision::upstream_failure`]); a header-only response is complete at once.
+    pub fn on_headers(&mut self, status: Option<u32>, end_of_stream: bool, now_ms: f64, upstream: (UpstreamFailure, String)) -> Vec<Report> {
         self.status = status.unwrap_or(0);
+        if upstream.0 != UpstreamFailure::UpstreamOk || !upstream.1.is_empty() {
+            self.upstream = Some(upstream);
+        }
         if end_of_stream {
             return self.finish(now_ms);
         }
@@ -184,10 +194,27 @@ mod tests {
         rs.iter().map(|r| r.kind).collect()
     }
 
+    fn ok() -> (UpstreamFailure, String) {
+        (UpstreamFailure::UpstreamOk, String::new())
+    }
+
+    #[test]
+    fn a_failover_is_told_once_with_who_answered() {
+        let mut t = ResponseTracker::new(5, 0.0, 64, true);
+        t.on_headers(Some(200), false, 1.0, (UpstreamFailure::UpstreamFailedOver, "127.0.0.1:2".into()));
+        let first = t.on_body(4, b"data", false, 2.0);
+        assert_eq!((first[0].upstream_failure, first[0].served_by.as_str()), (UpstreamFailure::UpstreamFailedOver as i32, "127.0.0.1:2"));
+        let done = t.on_body(4, b"data", true, 3.0);
+        assert_eq!((done[0].upstream_failure, done[0].served_by.as_str()), (0, ""));
+        let mut refused = ResponseTracker::new(6, 0.0, 64, false);
+        let r = refused.on_headers(Some(503), true, 1.0, (UpstreamFailure::UpstreamConnectFailure, String::new()));
+        assert_eq!(r[0].upstream_failure, UpstreamFailure::UpstreamConnectFailure as i32);
+    }
+
     #[test]
     fn streaming_response_reports_first_token_then_complete_with_usage() {
         let mut t = ResponseTracker::new(9, 100.0, 1024, true);
-        assert!(t.on_headers(Some(200), false, 101.0).is_empty());
+        assert!(t.on_headers(Some(200), false, 101.0, ok()).is_empty());
         let r = t.on_body(0, b"", false, 102.0);
         assert!(r.is_empty(), "an empty chunk is not a token");
         let r = t.on_body(10, b"data: {}\n\n", false, 130.0);
@@ -203,18 +230,18 @@ mod tests {
     #[test]
     fn single_chunk_body_reports_both_and_header_only_completes() {
         let mut t = ResponseTracker::new(1, 0.0, 64, false);
-        t.on_headers(Some(200), false, 1.0);
+        t.on_headers(Some(200), false, 1.0, ok());
         let r = t.on_body(3, b"abc", true, 5.0);
         assert_eq!(kinds(&r), vec![1, 2]);
         assert_eq!((r[0].elapsed_ms, r[1].elapsed_ms), (0.0, 5.0), "a non-streamed body's first byte is no TTFT");
         let mut h = ResponseTracker::new(2, 0.0, 64, false);
-        assert_eq!(kinds(&h.on_headers(Some(500), true, 1.0)), vec![ReportKind::ReportComplete as i32]);
+        assert_eq!(kinds(&h.on_headers(Some(500), true, 1.0, ok())), vec![ReportKind::ReportComplete as i32]);
     }
 
     #[test]
     fn abort_before_completion_is_a_cancel() {
         let mut t = ResponseTracker::new(3, 0.0, 64, true);
-        t.on_headers(Some(200), false, 1.0);
+        t.on_headers(Some(200), false, 1.0, ok());
         t.on_body(4, b"data", false, 2.0);
         let c = t.on_log(9.0).unwrap();
         assert_eq!((c.kind, c.elapsed_ms), (ReportKind::ReportCancel as i32, 9.0));

@@ -24,6 +24,9 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     pub workers: usize,
+    /// The first worker's id (`x-sim-worker`, layout, logs); worker i is `first_worker_id + i`.
+    /// Lets one process per worker stand for one fleet (kill one, the others stay).
+    pub first_worker_id: u32,
     /// Data-parallel ranks per worker (vLLM's `--data-parallel-size`), at least 1.
     pub dp_size: usize,
     pub host: String,
@@ -44,6 +47,7 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             workers: 1,
+            first_worker_id: 0,
             dp_size: 1,
             host: "127.0.0.1".into(),
             http_port: 8100,
@@ -151,7 +155,7 @@ impl Cluster {
             for r in 0..cfg.dp_size {
                 let (publisher, rank) = start_publisher(&ctx, &cfg, i, r)?;
                 workers.push(Worker::spawn(WorkerSpec {
-                    id: WorkerId(i as u32),
+                    id: WorkerId(cfg.first_worker_id + i as u32),
                     model: cfg.model.clone(),
                     dp_rank: r as u32,
                     engine: engine.clone(),
@@ -164,7 +168,7 @@ impl Cluster {
             let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ClusterError::Bind { addr: addr.clone(), source })?;
             let http = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
             let layout = WorkerLayout {
-                worker: i as u32,
+                worker: cfg.first_worker_id + i as u32,
                 http: format!("http://{http}"),
                 kv_events: ranks[0].kv_events.clone(),
                 kv_replay: ranks[0].kv_replay.clone(),
@@ -175,7 +179,7 @@ impl Cluster {
                 model: cfg.model.clone(),
             };
             let worker = DpWorker::new(workers);
-            let faults = Faults { drop_fraction: cfg.drop_fraction, stop_publishing: false, slowdown: 1.0 };
+            let faults = Faults { drop_fraction: cfg.drop_fraction, stop_publishing: false, slowdown: 1.0, engine_dead: false };
             let state = AppState {
                 worker: worker.clone(),
                 tokenizer: tokenizer.clone(),

@@ -12,8 +12,10 @@ mod stream;
 use crate::answer::Answerer;
 use crate::chat::ChatTokenizer;
 use crate::dp::DpWorker;
-use axum::http::HeaderValue;
-use axum::response::Response;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 pub use error::ApiError;
@@ -27,6 +29,9 @@ pub struct Faults {
     pub drop_fraction: f64,
     pub stop_publishing: bool,
     pub slowdown: f64,
+    /// The engine died (vLLM's `EngineDeadError`): every vLLM endpoint answers 5xx (`/health`
+    /// and `/metrics` 503, generation 500) until cleared; `/sim/*` still works.
+    pub engine_dead: bool,
 }
 
 #[derive(Clone)]
@@ -39,6 +44,20 @@ pub struct AppState {
     pub faults: Arc<Mutex<Vec<Faults>>>,
     /// Endpoints advertised by `/sim/state`.
     pub layout: Arc<serde_json::Value>,
+}
+
+/// What a vLLM server whose engine died answers: 503 on `/health` and `/metrics`, 500 with an
+/// OpenAI error body on everything else (the simulator's own `/sim/*` keeps working).
+async fn engine_dead(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let dead = s.faults.lock().iter().any(|f| f.engine_dead);
+    let path = request.uri().path();
+    if !dead || path.starts_with("/sim/") {
+        return next.run(request).await;
+    }
+    let status = if path == "/health" || path == "/metrics" { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
+    let body = serde_json::json!({"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "type": "InternalServerError", "param": null, "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
 }
 
 pub fn app(state: AppState) -> Router {
@@ -55,6 +74,7 @@ pub fn app(state: AppState) -> Router {
         .route("/sim/reset_prefix_cache", post(admin::reset_prefix_cache))
         .route("/sim/state", get(simctl::state))
         .route("/sim/fault", post(simctl::fault))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), engine_dead))
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut r: Response| {
             let header = header.clone();

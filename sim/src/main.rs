@@ -15,6 +15,10 @@ use std::sync::Arc;
 struct Args {
     #[arg(long, default_value_t = 4)]
     workers: usize,
+    /// Id of the first worker (`x-sim-worker`); worker i is first-worker-id + i. For one
+    /// process per worker standing for one fleet.
+    #[arg(long, default_value_t = 0)]
+    first_worker_id: u32,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Worker i serves HTTP on http-port + i.
@@ -161,6 +165,7 @@ async fn main() -> Result<()> {
     };
     let cfg = ClusterConfig {
         workers: a.workers,
+        first_worker_id: a.first_worker_id,
         dp_size: a.dp_size,
         host: a.host,
         http_port: a.http_port,

@@ -3,13 +3,14 @@
 //!
 //! | method, path | body | answer |
 //! |---|---|---|
-//! | POST /v1/pick | PickRequest (protobuf, or JSON) | 200 PickResponse in the request's format |
+//! | POST /v1/pick | PickRequest (protobuf, or JSON) | 200 PickResponse in the request's format; 429 when overloaded |
 //! | POST /v1/report | ReportBatch (protobuf, or JSON) | 204 |
 //! | GET /v1/workers | | 200 JSON: load, health, index, events, calibration |
 //! | GET /v1/assignments | | 200 JSON: count and in-flight assignments |
 //! | GET /v1/models | | 200 JSON per model: block size, workers, tokenizer status and cache |
 //! | POST /admin/workers | JSON worker (as in the config file) | 201 / 400 / 409 |
-//! | DELETE /admin/workers/{id} | | 204 / 404 |
+//! | DELETE /admin/workers/{id}[?force=true] | | 204 removed / 202 draining (in-flight count) / 404 |
+//! | POST /admin/workers/{id}/drain | | 202 `{"in_flight": n}`: no new picks, removed when done / 404 |
 //! | POST /admin/policy | JSON `{"policy": "..."}` | 200 `{"policy": ..., "previous": ...}` |
 //! | POST /admin/reset | | 204 |
 //! | GET /healthz, /readyz, /metrics | | 200 (readyz: 503 when no worker is healthy) |
@@ -45,6 +46,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models::models))
         .route("/admin/workers", post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
+        .route("/admin/workers/{id}/drain", post(admin::drain_worker))
         .route("/admin/policy", post(admin::set_policy))
         .route("/admin/reset", post(admin::reset))
         .route("/healthz", get(info::healthz))

@@ -12,7 +12,7 @@ mod validate;
 
 pub use cli::Cli;
 pub use store::{RedisConfig, StoreKind};
-pub use file::{Config, ModelConfig, Priors, Timeouts, Tokenization, WorkerConfig};
+pub use file::{Config, ModelConfig, Priors, Resilience, Timeouts, Tokenization, WorkerConfig};
 pub use validate::ConfigError;
 
 use crate::score::Policy;

@@ -71,8 +71,9 @@ pub struct WorkerView {
     pub overhead_ms: f64,
 }
 
-/// A pick's one snapshot of its model: the healthy workers serving `model` (a base model
-/// or a LoRA adapter), their block size, and whether any is registered at all.
+/// A pick's one snapshot of its model: the workers serving `model` (a base model or a LoRA
+/// adapter) that take picks (healthy, not suspect, not draining), their block size, and
+/// whether any is registered at all.
 pub struct ModelView {
     pub workers: Vec<WorkerView>,
     pub block_size: u32,
@@ -181,8 +182,21 @@ impl Fleet {
                 }
                 None => Applied::Unknown,
             },
+            FleetEvent::Suspected { worker, reason } => self.mark(worker, |l| l.suspect(*reason, now)),
+            FleetEvent::Draining(worker) => self.mark(worker, |l| !std::mem::replace(&mut l.draining, true)),
         };
         applied
+    }
+
+    /// Marks a worker's health cell; `mark` says whether it changed anything.
+    fn mark(&self, worker: &WorkerId, mark: impl FnOnce(&mut LoadState) -> bool) -> Applied {
+        let Some(entry) = self.worker(worker.as_str()) else { return Applied::Unknown };
+        let changed = mark(&mut entry.load.lock());
+        if changed {
+            Applied::Marked(entry)
+        } else {
+            Applied::Duplicate
+        }
     }
 
     /// Runs `f` on the assignment table and keeps `kvroute_assignments_in_flight` equal to its
@@ -289,6 +303,11 @@ impl Fleet {
         self.registry.read().all()
     }
 
+    /// Requests assigned to `worker` and not yet reported complete, cancelled or expired.
+    pub fn in_flight(&self, worker: &WorkerId) -> u32 {
+        self.assignments.lock().pending(worker).in_flight
+    }
+
     pub fn assignments(&self) -> AssignmentsView<'_> {
         AssignmentsView(self.assignments.lock())
     }
@@ -315,7 +334,7 @@ impl Fleet {
                 block_size = entry.block_size;
                 let load = {
                     let l: parking_lot::MutexGuard<'_, LoadState> = entry.load.lock();
-                    if !l.healthy {
+                    if !l.takes_picks() {
                         return None;
                     }
                     l.load.clone()
@@ -333,7 +352,7 @@ impl Fleet {
     /// What tokenizing for `model` needs; `None` when no healthy worker serves it (the pick
     /// then falls back without tokenizing).
     pub fn tokenize_target(&self, model: &str) -> Option<TokenizeTarget> {
-        let workers: Vec<_> = self.registry.read().for_model(model).into_iter().filter(|w| w.load.lock().healthy).collect();
+        let workers: Vec<_> = self.registry.read().for_model(model).into_iter().filter(|w| w.load.lock().takes_picks()).collect();
         let first = workers.first()?;
         Some(TokenizeTarget { base_model: first.config.model.clone(), block_size: first.block_size, workers })
     }

@@ -10,7 +10,7 @@
 mod labels;
 
 pub use labels::{
-    ExpiryKind, Path, PickLabels, PickOutcome, Reason, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel, TokenizationLabels,
+    ExpiryKind, Failure, FailureLabels, Path, PickLabels, PickOutcome, Reason, ReasonLabels, ReportKindLabel, ReportLabels, ReportOutcomeLabel, TokenizationLabels,
     TokenizeFailure, TokenizeFailureLabels,
 };
 use kvroute_core::wire::{DegradedReason, TokenizationPath};
@@ -52,6 +52,10 @@ pub struct Metrics {
     pub tokenization_failures: Family<TokenizeFailureLabels, Counter>,
     /// Time to tokenize a prompt and cut its keys (local and worker paths), seconds.
     pub tokenize_latency: Family<TokenizationLabels, Histogram>,
+    /// Failures the proxy saw on the chosen worker, by what it saw.
+    pub upstream_failures: Family<FailureLabels, Counter>,
+    /// Picks refused at once because too many were in progress (answered 429).
+    pub picks_shed: Counter,
 }
 
 impl Default for Metrics {
@@ -79,6 +83,8 @@ impl Metrics {
             tokenization: Family::default(),
             tokenization_failures: Family::default(),
             tokenize_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))),
+            upstream_failures: Family::default(),
+            picks_shed: Counter::default(),
             registry: PromRegistry::default(),
         };
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
@@ -99,6 +105,8 @@ impl Metrics {
         registry.register("tokenization", "Picks by how the prompt became keys", m.tokenization.clone());
         registry.register("tokenization_failures", "Tokenization attempts without ids, by path and reason", m.tokenization_failures.clone());
         registry.register("tokenize_seconds", "Time to tokenize a prompt, by path", m.tokenize_latency.clone());
+        registry.register("upstream_failures", "Failures the proxy saw on a chosen worker, by reason (each marks it suspect)", m.upstream_failures.clone());
+        registry.register("picks_shed", "Picks answered 429 overloaded at once instead of queueing past the proxy's timeout", m.picks_shed.clone());
         Metrics { registry, ..m }
     }
 

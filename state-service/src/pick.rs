@@ -83,7 +83,8 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
         request: Request { keys: peer_keys(policy, &prompt).len() as u32, tokens: prompt.prompt_tokens, block_size: prompt.tokens_per_key },
     };
     let mut rng = state.selector.rng();
-    let Some(chosen) = candidates.get(choose(policy, &choices, &ctx, &mut rng)) else {
+    let chosen_at = choose(policy, &choices, &ctx, &mut rng);
+    let Some(chosen) = candidates.get(chosen_at) else {
         return fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker);
     };
     let id = record(state, policy, &prompt, chosen, &mut rng, now);
@@ -109,9 +110,20 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
         policy: policy.to_string(),
         ..Default::default()
     };
+    response.fallback_endpoints = runners_up(&candidates, chosen_at, state.config.resilience.fallback_workers);
     response.set_tokenization(tokenization(policy, &prompt));
     response.set_degraded_reason(degraded.unwrap_or(DegradedReason::DegradedNone));
     response
+}
+
+/// Where the proxy fails over when the chosen worker cannot be reached: the other candidates'
+/// endpoints, fastest predicted first (whatever the policy: availability, not placement), `n`
+/// at most.
+fn runners_up(candidates: &[Candidate], chosen: usize, n: usize) -> Vec<String> {
+    let mut others: Vec<&Candidate> =
+        candidates.iter().enumerate().filter(|(i, c)| *i != chosen && !c.worker.config.endpoint.is_empty()).map(|(_, c)| c).collect();
+    others.sort_by(|a, b| a.prediction.ttft_ms.total_cmp(&b.prediction.ttft_ms));
+    others.iter().take(n).map(|c| c.worker.config.endpoint.clone()).collect()
 }
 
 /// Which prompt limitations degrade which policy: kvroute wants exact keys; approx_prefix

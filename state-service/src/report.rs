@@ -8,12 +8,13 @@
 
 use crate::assign::{Assignment, AssignmentId};
 use crate::fleet::{Applied, FleetEvent, Usage};
-use crate::metrics::{Metrics, ReportKindLabel, ReportLabels, ReportOutcomeLabel};
+use crate::metrics::{Failure, FailureLabels, Metrics, ReportKindLabel, ReportLabels, ReportOutcomeLabel};
 use crate::state::AppState;
-use kvroute_core::wire::{Report, ReportKind};
+use kvroute_core::wire::{Report, ReportKind, UpstreamFailure};
 
 /// Applies one report and counts it.
 pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
+    suspect(state, report);
     let (kind, event) = match event(report) {
         Some((kind, event)) => (kind, Some(event)),
         None => (kind_label(report.kind), None),
@@ -32,6 +33,23 @@ pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
     };
     state.metrics.reports.get_or_create(&ReportLabels { kind, outcome }).inc();
     outcome
+}
+
+/// Passive detection: a failure the proxy saw on the chosen worker marks it suspect at once
+/// (on every replica, through the store), before the report frees the assignment that names it.
+fn suspect(state: &AppState, report: &Report) {
+    // A value from a newer filter is still a failure; it counts under the generic reset.
+    let reason = match UpstreamFailure::try_from(report.upstream_failure) {
+        Ok(UpstreamFailure::UpstreamOk) => return,
+        Ok(r) => r,
+        Err(_) => UpstreamFailure::UpstreamReset,
+    };
+    state.metrics.upstream_failures.get_or_create(&FailureLabels { reason: Failure(reason) }).inc();
+    let worker = state.fleet.assignments().get(AssignmentId(report.assignment_id)).map(|a| a.worker.clone());
+    let Some(worker) = worker else { return };
+    if let Applied::Marked(_) = state.apply(FleetEvent::Suspected { worker: worker.clone(), reason }) {
+        tracing::warn!(%worker, reason = reason.label(), served_by = %report.served_by, "worker suspect: the proxy saw it fail");
+    }
 }
 
 fn kind_label(kind: i32) -> ReportKindLabel {

@@ -33,6 +33,8 @@ pub struct Shared {
     pub(crate) selector: Selector,
     policy: RwLock<Policy>,
     scraper: Scraper,
+    /// Slots for picks being decided (`resilience.max_concurrent_picks`).
+    pub pick_slots: tokio::sync::Semaphore,
     /// Set once [`AppState::start_feeds`] ran: workers registered later start theirs at once.
     /// Held while starting, so a worker registered concurrently is started exactly once.
     feeds: Mutex<Option<Feeds>>,
@@ -83,6 +85,7 @@ impl AppState {
             tokenization,
             scraper,
             feeds: Mutex::new(None),
+            pick_slots: tokio::sync::Semaphore::new(config.resilience.max_concurrent_picks),
             config: config.clone(),
         }));
         for worker in config.workers.iter().cloned() {
@@ -202,6 +205,41 @@ impl AppState {
             }
             _ => false,
         }
+    }
+
+    /// Stops new picks to worker `id` on every replica, then removes it once its in-flight
+    /// requests have ended (or `resilience.drain_timeout_ms` passed). Returns how many were
+    /// in flight, `None` for an unknown worker. Draining twice is one drain.
+    pub fn drain(&self, id: &str) -> Option<u32> {
+        let entry = self.fleet.worker(id)?;
+        let first = matches!(self.apply(FleetEvent::Draining(entry.id.clone())), Applied::Marked(_));
+        let in_flight = self.fleet.in_flight(&entry.id);
+        if first {
+            tracing::info!(worker = %entry.id, in_flight, "draining worker");
+            let state = self.clone();
+            let deadline = Instant::now() + Duration::from_millis(self.config.resilience.drain_timeout_ms);
+            tokio::spawn(async move {
+                while state.fleet.in_flight(&entry.id) > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let left = state.fleet.in_flight(&entry.id);
+                if let Err(e) = state.retire(entry.id.as_str()).await {
+                    tracing::warn!(worker = %entry.id, error = %e, "drained worker could not be unshared; it stays, draining");
+                    return;
+                }
+                tracing::info!(worker = %entry.id, abandoned = left, "drained worker removed");
+            });
+        }
+        Some(in_flight)
+    }
+
+    /// Removes worker `id` now: from every replica when it is shared, else from this one.
+    pub async fn retire(&self, id: &str) -> Result<(), crate::store::ShareError> {
+        if self.store.is_shared(id) {
+            self.store.unshare_worker(id).await?;
+        }
+        self.remove_worker(id);
+        Ok(())
     }
 
     /// Frees expired assignments and speculative credit. Run periodically and before any

@@ -6,7 +6,7 @@ use axum::body::{to_bytes, Body};
 use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use common::{state, TOKEN};
-use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, Report, ReportBatch, ReportKind, TokenizationPath};
+use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, Report, ReportBatch, ReportKind, TokenizationPath, UpstreamFailure};
 use kvroute_state::api::app;
 use kvroute_state::types::EngineSlot;
 use prost::Message;
@@ -251,4 +251,83 @@ async fn metrics_health_and_readiness() {
     assert_eq!(send(&app, Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
     let (empty, _) = common::state(&[]);
     assert_eq!(send(&kvroute_state::api::app(empty), Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn picks_name_fallbacks_and_a_reported_failure_stops_picks_at_once() {
+    let (state, index) = state(&["a", "b", "c"]);
+    index.hold(EngineSlot(1), &[1, 2, 3, 4]);
+    let app = app(state);
+    let first = pick_pb(&app, &token_pick(&[1, 2, 3, 4])).await;
+    assert_eq!(first.worker_id, "b");
+    let mut fallbacks = first.fallback_endpoints.clone();
+    fallbacks.sort();
+    assert_eq!(fallbacks, ["127.0.0.1:8000", "127.0.0.1:8002"], "the others, never the chosen one");
+
+    // The proxy failed over: b refused the connection and c answered.
+    let failed = Report {
+        upstream_failure: UpstreamFailure::UpstreamFailedOver as i32,
+        served_by: "127.0.0.1:8002".into(),
+        ..report(first.assignment_id, ReportKind::ReportFirstToken, 30.0)
+    };
+    report_pb(&app, vec![failed]).await;
+    let b = get_json(&app, "/v1/workers").await["workers"][1].clone();
+    assert_eq!((b["id"].as_str(), b["suspect"].as_str(), b["takes_picks"].as_bool()), (Some("b"), Some("failed_over"), Some(false)), "{b}");
+    for _ in 0..5 {
+        let next = pick_pb(&app, &token_pick(&[1, 2, 3, 4])).await;
+        assert_ne!(next.worker_id, "b", "b holds the prefix but is suspect");
+        assert!(!next.fallback_endpoints.contains(&"127.0.0.1:8001".to_string()), "a suspect is no fallback either");
+    }
+    let (_, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(metrics.contains(r#"kvroute_upstream_failures_total{reason="failed_over"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"kvroute_worker_takes_picks{worker="b"} 0"#), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_drained_worker_gets_no_new_picks_and_leaves_when_its_requests_end() {
+    let (state, index) = state(&["a", "b"]);
+    index.hold(EngineSlot(1), &[1, 2, 3, 4]);
+    let app = app(state);
+    let running = pick_pb(&app, &token_pick(&[1, 2, 3, 4])).await;
+    assert_eq!(running.worker_id, "b");
+    let (status, body) = send(&app, admin(Method::POST, "/admin/workers/b/drain", Some(TOKEN), json!({}))).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["in_flight"], 1);
+    let next = pick_pb(&app, &token_pick(&[1, 2, 3, 4])).await;
+    assert_eq!(next.worker_id, "a", "draining: no new picks");
+    // Still there while its request runs; removing it again only drains (202).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(get_json(&app, "/v1/workers").await["workers"][1]["draining"], true);
+    assert_eq!(send(&app, admin(Method::DELETE, "/admin/workers/b", Some(TOKEN), json!({}))).await.0, StatusCode::ACCEPTED);
+    report_pb(&app, vec![report(running.assignment_id, ReportKind::ReportComplete, 90.0)]).await;
+    for _ in 0..40 {
+        if get_json(&app, "/v1/workers").await["workers"].as_array().unwrap().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let workers = get_json(&app, "/v1/workers").await;
+    assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "drained and removed: {workers}");
+    assert_eq!(send(&app, admin(Method::POST, "/admin/workers/b/drain", Some(TOKEN), json!({}))).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(send(&app, admin(Method::POST, "/admin/workers/a/drain", None, json!({}))).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn an_overloaded_service_refuses_picks_at_once() {
+    let mut config = common::config(&["a"]);
+    config.resilience.max_concurrent_picks = 1;
+    config.resilience.pick_queue_ms = 5;
+    let state = kvroute_state::state::AppState::new(config, std::sync::Arc::new(common::TestIndex::default())).unwrap();
+    let app = app(state.clone());
+    let held = state.pick_slots.acquire().await.unwrap();
+    let started = std::time::Instant::now();
+    let (status, body) = send(&app, post("/v1/pick", "application/x-protobuf", token_pick(&[1]).encode_to_vec())).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("overloaded"));
+    assert!(started.elapsed() < Duration::from_secs(1), "refused within the queue bound, not after a timeout");
+    drop(held);
+    assert_eq!(pick_pb(&app, &token_pick(&[1])).await.worker_id, "a");
+    let (_, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert!(String::from_utf8(metrics).unwrap().contains("kvroute_picks_shed_total 1"));
 }

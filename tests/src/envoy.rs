@@ -152,13 +152,17 @@ impl Envoy {
         }
         let endpoint = |p: u16| format!("{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}}}");
         let lb_endpoints = format!("[{}]", opts.worker_ports.iter().map(|p| endpoint(*p)).collect::<Vec<_>>().join(", "));
+        // Worker i's own cluster: i at priority 0, the others at priority 1 (its failover).
         let clusters: String = opts
             .worker_ports
             .iter()
             .enumerate()
             .map(|(i, p)| {
+                let others: Vec<String> = opts.worker_ports.iter().filter(|o| *o != p).map(|o| endpoint(*o)).collect();
+                let failover =
+                    if others.is_empty() { String::new() } else { format!(", {{priority: 1, lb_endpoints: [{}]}}", others.join(", ")) };
                 format!(
-                    "  - {{name: {}, type: STATIC, connect_timeout: 1s, load_assignment: {{cluster_name: {}, endpoints: [{{lb_endpoints: [{}]}}]}}}}\n",
+                    "  - {{name: {}, type: STATIC, connect_timeout: 1s, load_assignment: {{cluster_name: {}, endpoints: [{{lb_endpoints: [{}]}}{failover}]}}}}\n",
                     worker_cluster(i),
                     worker_cluster(i),
                     endpoint(*p)

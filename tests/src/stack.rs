@@ -1,4 +1,5 @@
-//! The real stack for the must-show tests: `kvroute-sim` (N workers on consecutive ports),
+//! The real stack for the must-show tests: `kvroute-sim` (N workers on consecutive ports, one
+//! process each, so one can be killed like a crashing vLLM server),
 //! `kvroute-state` configured for exactly those workers (events, replay, metrics, endpoint and
 //! cluster names), and Envoy with the filter in front. The state service can be killed and
 //! restarted on the same port to test fail-open and recovery.
@@ -15,10 +16,13 @@ use std::time::Duration;
 pub const MODEL: &str = "kvroute/sim-27b-fp8";
 
 pub struct Stack {
-    pub sim: Proc,
+    /// One process per worker (index = worker id); `None` once killed.
+    pub sims: Vec<Option<Proc>>,
     pub state: Option<Proc>,
     pub envoy: Envoy,
     pub http_base: u16,
+    zmq_base: u16,
+    time_scale: f64,
     pub workers: usize,
     pub state_port: u16,
     state_config: PathBuf,
@@ -32,6 +36,14 @@ pub struct StackOptions {
     pub plugin: Value,
     /// `--time-scale` of the simulator (smaller = faster engine steps).
     pub time_scale: f64,
+    /// What the state service's config adds to the harness defaults.
+    pub state: StateToml,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions { mode: Mode::Endpoint, workers: 2, plugin: Value::Object(Default::default()), time_scale: 0.2, state: StateToml::default() }
+    }
 }
 
 /// Starts `kvroute-sim` with `workers` workers on consecutive free ports and waits until each
@@ -56,6 +68,40 @@ pub async fn start_sim(workers: usize, time_scale: f64) -> Result<(Proc, u16, u1
         }
     }
     Ok((sim, http_base, zmq_base))
+}
+
+/// Starts worker `i` of a fleet as its own `kvroute-sim` process (HTTP `http_base + i`, events
+/// `zmq_base + 2i`, replay `zmq_base + 2i + 1`, as [`start_sim`] lays workers out).
+fn spawn_sim_process(i: u16, http_base: u16, zmq_base: u16, time_scale: f64) -> Result<Proc> {
+    let args: Vec<String> = [
+        "--workers", "1", "--first-worker-id", &i.to_string(), "--http-port", &(http_base + i).to_string(),
+        "--zmq-port", &(zmq_base + 2 * i).to_string(), "--time-scale", &time_scale.to_string(), "--model", MODEL,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Proc::spawn(&format!("sim{i}"), &paths::workspace_bin("kvroute-sim", "kvroute-sim")?, &args)
+}
+
+async fn wait_sim(sim: &mut Proc, http_port: u16) -> Result<()> {
+    if let Err(e) = wait_http_ok(&format!("http://127.0.0.1:{http_port}/health"), Duration::from_secs(60)).await {
+        sim.check_alive()?;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Starts one `kvroute-sim` process per worker (ids `0..workers`, on the same consecutive
+/// ports as [`start_sim`]) and waits until each answers `/health`.
+pub async fn start_sim_processes(workers: usize, time_scale: f64) -> Result<(Vec<Proc>, u16, u16)> {
+    let n = workers as u16;
+    let http_base = free_port_range(n);
+    let zmq_base = free_port_range(2 * n);
+    let mut sims = (0..n).map(|i| spawn_sim_process(i, http_base, zmq_base, time_scale)).collect::<Result<Vec<_>>>()?;
+    for (i, sim) in sims.iter_mut().enumerate() {
+        wait_sim(sim, http_base + i as u16).await?;
+    }
+    Ok((sims, http_base, zmq_base))
 }
 
 /// What a `kvroute-state` config adds to the harness defaults.
@@ -98,9 +144,9 @@ pub fn state_toml(state_port: u16, http_base: u16, zmq_base: u16, workers: usize
 impl Stack {
     pub async fn start(opts: StackOptions) -> Result<Stack> {
         let n = opts.workers as u16;
-        let (sim, http_base, zmq_base) = start_sim(opts.workers, opts.time_scale).await?;
+        let (sims, http_base, zmq_base) = start_sim_processes(opts.workers, opts.time_scale).await?;
         let state_port = free_port();
-        let toml = state_toml(state_port, http_base, zmq_base, opts.workers, &StateToml::default());
+        let toml = state_toml(state_port, http_base, zmq_base, opts.workers, &opts.state);
         let state_config = std::env::temp_dir().join(format!("kvroute-e2e-state-{state_port}.toml"));
         std::fs::write(&state_config, toml)?;
         let envoy = Envoy::start(EnvoyOptions {
@@ -111,7 +157,8 @@ impl Stack {
         })
         .await?;
         let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
-        let mut stack = Stack { sim, state: None, envoy, http_base, workers: opts.workers, state_port, state_config, client };
+        let sims = sims.into_iter().map(Some).collect();
+        let mut stack = Stack { sims, state: None, envoy, http_base, zmq_base, time_scale: opts.time_scale, workers: opts.workers, state_port, state_config, client };
         stack.start_state().await?;
         Ok(stack)
     }
@@ -141,6 +188,22 @@ impl Stack {
         if let Some(mut p) = self.state.take() {
             p.kill();
         }
+    }
+
+    /// SIGKILLs worker `i`'s process (a vLLM server crashing: connections refused from now on).
+    pub fn kill_worker(&mut self, i: usize) {
+        if let Some(mut p) = self.sims.get_mut(i).and_then(Option::take) {
+            p.kill();
+        }
+    }
+
+    /// Starts worker `i` again on its ports (an empty cache, as a restarted vLLM server).
+    pub async fn restart_worker(&mut self, i: usize) -> Result<()> {
+        self.kill_worker(i);
+        let mut sim = spawn_sim_process(i as u16, self.http_base, self.zmq_base, self.time_scale)?;
+        wait_sim(&mut sim, self.http_base + i as u16).await?;
+        self.sims[i] = Some(sim);
+        Ok(())
     }
 
     pub fn state_url(&self, path: &str) -> String {
@@ -190,6 +253,7 @@ impl Stack {
 
     pub fn log_tails(&self) -> String {
         let state = self.state.as_ref().map(|p| p.log_tail(3000)).unwrap_or_default();
-        format!("--- envoy ---\n{}\n--- state ---\n{state}\n--- sim ---\n{}", self.envoy.proc.log_tail(3000), self.sim.log_tail(2000))
+        let sims: String = self.sims.iter().flatten().map(|p| p.log_tail(800)).collect::<Vec<_>>().join("\n");
+        format!("--- envoy ---\n{}\n--- state ---\n{state}\n--- sims ---\n{sims}", self.envoy.proc.log_tail(3000))
     }
 }

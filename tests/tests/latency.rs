@@ -58,7 +58,7 @@ async fn added_latency() -> Result<()> {
 async fn real_state_service_pick_latency() -> Result<()> {
     use kvroute_e2e::llm::{completion, tokens};
     use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
-    let s = Stack::start(StackOptions { mode: Mode::Endpoint, workers: 4, plugin: json!({}), time_scale: 0.05 }).await?;
+    let s = Stack::start(StackOptions { workers: 4, time_scale: 0.05, ..StackOptions::default() }).await?;
     for i in 0..300u32 {
         let body = completion(MODEL, &tokens(i % 20, 512), 1, false);
         s.client.post(s.envoy.url("/v1/completions")).json(&body).send().await?.bytes().await?;

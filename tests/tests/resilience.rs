@@ -11,7 +11,7 @@ use serde_json::json;
 use std::time::Duration;
 
 async fn stack(mode: Mode, plugin: serde_json::Value) -> Result<Stack> {
-    Stack::start(StackOptions { mode, workers: 2, plugin, time_scale: 0.2 }).await
+    Stack::start(StackOptions { mode, plugin, ..StackOptions::default() }).await
 }
 
 async fn survives_state_service_death(mode: Mode) -> Result<()> {

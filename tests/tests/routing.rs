@@ -11,7 +11,7 @@ use serde_json::json;
 use std::time::Duration;
 
 async fn stack(mode: Mode, workers: usize) -> Result<Stack> {
-    Stack::start(StackOptions { mode, workers, plugin: json!({}), time_scale: 0.2 }).await
+    Stack::start(StackOptions { mode, workers, ..StackOptions::default() }).await
 }
 
 /// Puts `prompt` into worker `i`'s cache by asking it directly (not through Envoy), then waits

@@ -96,7 +96,18 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {{prefix: "/"}}
-                route: {{cluster: vllm_workers, timeout: 0s}}
+                route:
+                  cluster: vllm_workers
+                  timeout: 0s
+                  # Failover (envoy/demo.yaml says why): the next host on connect failure,
+                  # refused stream or reset before any response header.
+                  retry_policy:
+                    retry_on: connect-failure,refused-stream,reset
+                    num_retries: 2
+                    retry_host_predicate:
+                    - name: envoy.retry_host_predicates.previous_hosts
+                      typed_config: {{"@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate}}
+                    host_selection_retry_max_attempts: 5
           http_filters:
           - name: envoy.filters.http.wasm
             typed_config:

@@ -97,6 +97,8 @@ struct FaultBody {
     drop_fraction: Option<f64>,
     stop_publishing: Option<bool>,
     slowdown: Option<f64>,
+    /// Every vLLM endpoint answers 5xx (see `Faults::engine_dead`).
+    engine_dead: Option<bool>,
     #[serde(default)]
     restart: bool,
     /// Only this rank; without it every rank of the worker.
@@ -139,6 +141,9 @@ fn apply(w: &Worker, faults: &mut Faults, req: &FaultBody) {
     if let Some(f) = req.slowdown {
         faults.slowdown = f;
         w.inner.lock().engine.set_slowdown(f);
+    }
+    if let Some(dead) = req.engine_dead {
+        faults.engine_dead = dead;
     }
     if req.restart {
         w.restart();

@@ -7,7 +7,7 @@ use crate::score::Policy;
 use crate::state::AppState;
 use crate::store::ShareError;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header::AUTHORIZATION, HeaderMap, StatusCode};
 use axum::Json;
 use serde::Deserialize;
@@ -62,17 +62,41 @@ pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body:
     }
 }
 
-pub async fn remove_worker(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoveQuery {
+    /// Remove at once, failing whatever still runs there (default: drain first).
+    force: bool,
+}
+
+/// Removes a worker: drained first (no new picks; removed when its in-flight requests end,
+/// 202 with their count), at once when nothing runs there or with `?force=true` (204). A
+/// shared worker leaves every replica; a config worker only this one.
+pub async fn remove_worker(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Query<RemoveQuery>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     authorize(&state, &headers)?;
-    if state.fleet.worker(&id).is_none() {
-        return Err(ApiError::NotFound(format!("no worker {id:?}")));
+    let Some(entry) = state.fleet.worker(&id) else { return Err(ApiError::NotFound(format!("no worker {id:?}"))) };
+    if query.force || state.fleet.in_flight(&entry.id) == 0 {
+        state.retire(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
+        return Ok((StatusCode::NO_CONTENT, Json(json!({}))));
     }
-    // A shared worker leaves every replica; a config worker only this one.
-    if state.store.is_shared(&id) {
-        state.store.unshare_worker(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
-    }
-    state.remove_worker(&id);
-    Ok(StatusCode::NO_CONTENT)
+    drain_answer(&state, &id)
+}
+
+/// `POST /admin/workers/{id}/drain`: no new picks to the worker on any replica; it is removed
+/// once its in-flight requests end (`resilience.drain_timeout_ms` at most).
+pub async fn drain_worker(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    authorize(&state, &headers)?;
+    drain_answer(&state, &id)
+}
+
+fn drain_answer(state: &AppState, id: &str) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let in_flight = state.drain(id).ok_or_else(|| ApiError::NotFound(format!("no worker {id:?}")))?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "draining": true, "in_flight": in_flight }))))
 }
 
 #[derive(Deserialize)]

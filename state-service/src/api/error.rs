@@ -22,6 +22,9 @@ pub enum ApiError {
     /// Shared state (Redis) could not take the change; nothing was changed.
     #[error("{0}")]
     Unavailable(String),
+    /// Every pick slot was busy for longer than the queue bound.
+    #[error("overloaded: {0} picks in progress; use the default route")]
+    Overloaded(usize),
 }
 
 impl ApiError {
@@ -34,6 +37,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }

@@ -56,6 +56,9 @@ fn worker_view(state: &AppState, w: &WorkerEntry, now_unix_ms: u64) -> Value {
         "cluster": w.config.cluster,
         "block_size": w.block_size,
         "healthy": load.healthy,
+        "takes_picks": load.takes_picks(),
+        "suspect": load.suspect.map(|s| s.reason.label()),
+        "draining": load.draining,
         "consecutive_scrape_failures": load.consecutive_failures,
         "last_scrape_error": load.last_error,
         "load": {

@@ -7,9 +7,21 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use kvroute_core::wire::{PickRequest, ReportBatch};
+use std::time::Duration;
 
+/// Decides a pick when a slot is free within `resilience.pick_queue_ms`, else answers 429 at
+/// once: the proxy falls back immediately instead of waiting out its pick timeout.
 pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let format = Format::from_headers(&headers)?;
+    let queue = Duration::from_millis(state.config.resilience.pick_queue_ms);
+    let slot = match state.pick_slots.try_acquire() {
+        Ok(slot) => Some(slot),
+        Err(_) => tokio::time::timeout(queue, state.pick_slots.acquire()).await.ok().and_then(Result::ok),
+    };
+    let Some(_slot) = slot else {
+        state.metrics.picks_shed.inc();
+        return Err(ApiError::Overloaded(state.config.resilience.max_concurrent_picks));
+    };
     let request: PickRequest = format.decode(&body, "PickRequest")?;
     let response = crate::pick::tokenized::pick(&state, &request).await;
     Ok(format.respond(&response))

@@ -53,6 +53,10 @@ impl Assignments {
         self.by_id.is_empty()
     }
 
+    pub fn get(&self, id: AssignmentId) -> Option<&Assignment> {
+        self.by_id.get(&id)
+    }
+
     pub fn contains(&self, id: AssignmentId) -> bool {
         self.by_id.contains_key(&id)
     }

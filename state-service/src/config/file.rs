@@ -41,6 +41,8 @@ pub struct Config {
     pub redis: RedisConfig,
     /// How text and chat prompts become token ids (local tokenizer, worker `/tokenize`).
     pub tokenization: Tokenization,
+    /// Failover hints, load shedding and draining.
+    pub resilience: Resilience,
 }
 
 impl Default for Config {
@@ -61,7 +63,31 @@ impl Default for Config {
             store: StoreKind::Memory,
             redis: RedisConfig::default(),
             tokenization: Tokenization::default(),
+            resilience: Resilience::default(),
         }
+    }
+}
+
+/// What keeps a failing worker or an overloaded service from failing requests.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Resilience {
+    /// Next-best workers each pick names for the proxy to fail over to (the override-host
+    /// list; Envoy's retry moves down it).
+    pub fallback_workers: usize,
+    /// Picks decided at once; more wait for a slot up to `pick_queue_ms`.
+    pub max_concurrent_picks: usize,
+    /// How long a pick may wait for a slot before it is answered 429 "overloaded" (the proxy
+    /// then falls back at once). Keep it below the filter's `pick_timeout_ms`, so a pick is
+    /// either decided in time or refused in time, never timed out.
+    pub pick_queue_ms: u64,
+    /// A draining worker is removed when its last in-flight request ends, or after this.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Resilience { fallback_workers: 2, max_concurrent_picks: 256, pick_queue_ms: 20, drain_timeout_ms: 120_000 }
     }
 }
 

@@ -64,6 +64,13 @@ impl Config {
         if self.unhealthy_after == 0 {
             return Err(invalid("unhealthy_after", "must be > 0"));
         }
+        let r = &self.resilience;
+        if r.max_concurrent_picks == 0 {
+            return Err(invalid("resilience.max_concurrent_picks", "must be > 0"));
+        }
+        if r.drain_timeout_ms == 0 {
+            return Err(invalid("resilience.drain_timeout_ms", "must be > 0"));
+        }
         if matches!(&self.admin_token, Some(t) if t.is_empty()) {
             return Err(invalid("admin_token", "must not be empty (omit it to disable the admin API)"));
         }

@@ -64,7 +64,8 @@ impl FleetCollector {
         gauge(enc, "worker_running", "Scraped vllm:num_requests_running", &per(&|w| f64::from(w.load.lock().load.running)))?;
         gauge(enc, "worker_waiting", "Scraped vllm:num_requests_waiting", &per(&|w| f64::from(w.load.lock().load.waiting)))?;
         gauge(enc, "worker_kv_usage", "Scraped vllm:kv_cache_usage_perc (0..1)", &per(&|w| w.load.lock().load.kv_usage))?;
-        gauge(enc, "worker_healthy", "1 when the worker takes picks", &per(&|w| f64::from(u8::from(w.load.lock().healthy))))?;
+        gauge(enc, "worker_healthy", "1 when the worker's scrapes succeed", &per(&|w| f64::from(u8::from(w.load.lock().healthy))))?;
+        gauge(enc, "worker_takes_picks", "1 when the worker takes picks (healthy, not suspect, not draining)", &per(&|w| f64::from(u8::from(w.load.lock().takes_picks()))))?;
         let own = per(&|w| f64::from(assignments.pending(&w.id).in_flight));
         gauge(enc, "worker_assignments_in_flight", "Our unfinished assignments per worker", &own)?;
         let per_token = per(&|w| w.calibration.lock().per_token_ms());

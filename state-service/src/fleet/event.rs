@@ -5,6 +5,7 @@ use crate::assign::{Assignment, AssignmentId};
 use crate::config::WorkerConfig;
 use crate::score::Calibration;
 use crate::types::{BlockKey, WorkerId};
+use kvroute_core::wire::UpstreamFailure;
 use std::sync::Arc;
 
 /// What the response's `usage` said about a finished request (0 = not reported).
@@ -31,6 +32,11 @@ pub enum FleetEvent {
     WorkerRemoved(WorkerId),
     /// A warm start found this fit of the worker's cost model.
     CalibrationRestored { worker: WorkerId, calibration: Calibration },
+    /// The proxy saw the worker fail: no picks until a check of it succeeds (every replica
+    /// checks for itself).
+    Suspected { worker: WorkerId, reason: UpstreamFailure },
+    /// New picks stop; the worker is removed once its in-flight requests are done.
+    Draining(WorkerId),
 }
 
 /// What [`super::Fleet::apply`] did.
@@ -45,6 +51,8 @@ pub enum Applied {
     WorkerRemoved(Arc<WorkerEntry>),
     /// A restored calibration was installed.
     Calibrated,
+    /// The worker was marked suspect or draining (it was not before).
+    Marked(Arc<WorkerEntry>),
     /// Already applied (a repeated report, a replicated assignment known here).
     Duplicate,
     /// Nothing to apply it to: an unknown or already-freed assignment, an unknown worker.

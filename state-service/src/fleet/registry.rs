@@ -8,7 +8,7 @@
 
 use super::feed::FeedStats;
 use crate::config::WorkerConfig;
-use crate::load::{LoadState, ScrapeTarget};
+use crate::load::{Check, LoadState, ScrapeTarget};
 use crate::score::Calibration;
 use crate::types::{EngineSlot, WorkerId};
 use parking_lot::Mutex;
@@ -51,10 +51,15 @@ impl WorkerEntry {
         self.engines.iter().map(|e| e.slot)
     }
 
-    /// What the scraper needs of this worker, when it has a metrics URL.
+    /// What the scraper checks of this worker: its metrics URL, else its endpoint's
+    /// `/health` (probed only while suspect); `None` without either.
     pub fn scrape_target(&self) -> Option<ScrapeTarget> {
-        let url = self.config.metrics_url.clone()?;
-        Some(ScrapeTarget { worker: self.id.clone(), url, load: self.load.clone() })
+        let (url, check) = match (&self.config.metrics_url, self.config.endpoint.is_empty()) {
+            (Some(url), _) => (url.clone(), Check::Metrics),
+            (None, false) => (format!("http://{}/health", self.config.endpoint), Check::Health),
+            (None, true) => return None,
+        };
+        Some(ScrapeTarget { worker: self.id.clone(), url, check, load: self.load.clone() })
     }
 
     pub fn add_task(&self, task: AbortHandle) {

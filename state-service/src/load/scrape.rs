@@ -1,4 +1,6 @@
-//! The scrape loop: one task per worker with a metrics URL.
+//! The scrape loop: one task per worker. A worker with a metrics URL is scraped every
+//! interval (load and health); one without is probed at `GET /health` of its endpoint, and
+//! only while the proxy has marked it suspect (nothing else would ever bring it back).
 
 use super::parse::{parse_vllm, VllmLoad};
 use super::HealthChange;
@@ -38,30 +40,59 @@ pub async fn scrape_once(client: &reqwest::Client, url: &str, timeout: Duration)
     Ok(parse_vllm(&text))
 }
 
-/// One worker's metrics URL and the load cell its scrapes write.
+/// What a worker's loop fetches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// vLLM's `/metrics`: load and health.
+    Metrics,
+    /// `/health`, only to lift a suspicion.
+    Health,
+}
+
+/// One worker's URL and the load cell its checks write.
 #[derive(Clone, Debug)]
 pub struct ScrapeTarget {
     pub worker: WorkerId,
     pub url: String,
+    pub check: Check,
     pub load: Arc<Mutex<LoadState>>,
+}
+
+/// `GET url` answers 2xx within `timeout`.
+async fn probe_once(client: &reqwest::Client, url: &str, timeout: Duration) -> bool {
+    client.get(url).timeout(timeout).send().await.is_ok_and(|r| r.status().is_success())
 }
 
 impl Scraper {
     /// Scrapes `target` once and records the outcome in its load state.
     pub async fn scrape(&self, target: &ScrapeTarget) -> HealthChange {
+        let started = Instant::now();
+        if target.check == Check::Health {
+            if target.load.lock().suspect.is_some() && probe_once(&self.client, &target.url, self.timeout).await {
+                lifted(target, target.load.lock().clear_suspect(started));
+            }
+            return HealthChange::None;
+        }
         let result = scrape_once(&self.client, &target.url, self.timeout).await;
         let mut state = target.load.lock();
-        let change = match result {
-            Ok(load) => state.record_ok(load, Instant::now()),
-            Err(e) => state.record_failure(e.to_string(), self.unhealthy_after),
+        let (change, cleared) = match result {
+            Ok(load) => (state.record_ok(load, Instant::now()), state.clear_suspect(started)),
+            Err(e) => (state.record_failure(e.to_string(), self.unhealthy_after), None),
         };
         drop(state);
+        lifted(target, cleared);
         match change {
             HealthChange::BecameUnhealthy => tracing::warn!(worker = %target.worker, "worker unhealthy: metrics scrapes failing"),
             HealthChange::Recovered => tracing::info!(worker = %target.worker, "worker healthy again"),
             HealthChange::None => {}
         }
         change
+    }
+}
+
+fn lifted(target: &ScrapeTarget, cleared: Option<super::Suspect>) {
+    if let Some(s) = cleared {
+        tracing::info!(worker = %target.worker, reason = s.reason.label(), "worker answers again: no longer suspect");
     }
 }
 

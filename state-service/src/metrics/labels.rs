@@ -2,7 +2,7 @@
 //! new series.
 
 use crate::score::Policy;
-use kvroute_core::wire::{DegradedReason, TokenizationPath};
+use kvroute_core::wire::{DegradedReason, TokenizationPath, UpstreamFailure};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::fmt::Write;
 
@@ -44,6 +44,22 @@ impl EncodeLabelValue for Path {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         encoder.write_str(self.0.label())
     }
+}
+
+/// The `reason` label of upstream failures: the contract's enum, spelled once by
+/// [`UpstreamFailure::label`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Failure(pub UpstreamFailure);
+
+impl EncodeLabelValue for Failure {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.0.label())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub reason: Failure,
 }
 
 label_enum!(

@@ -259,7 +259,7 @@ impl RedisStore {
         match op {
             Op::Put { record, .. } => self.assignment_key(record.id),
             Op::Delete { id, .. } => self.assignment_key(*id),
-            Op::Set { key, .. } => key.clone(),
+            Op::Set { key, .. } | Op::Publish { key, .. } => key.clone(),
         }
     }
 
@@ -289,6 +289,7 @@ impl RedisStore {
             Op::Set { value, .. } => {
                 pipe.set(&key, value).ignore();
             }
+            Op::Publish { event, .. } => self.publish(pipe, event),
         }
     }
 
@@ -378,6 +379,14 @@ impl SharedStore for RedisStore {
             }
             (FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id }, Applied::Freed(_)) => {
                 self.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } });
+            }
+            (FleetEvent::Suspected { worker, reason }, Applied::Marked(_)) => {
+                let event = Event::WorkerSuspect { id: worker.to_string(), reason: *reason as i32 };
+                self.send(Op::Publish { key: self.worker_key(worker.as_str()), event });
+            }
+            (FleetEvent::Draining(worker), Applied::Marked(_)) => {
+                let event = Event::WorkerDraining { id: worker.to_string() };
+                self.send(Op::Publish { key: self.worker_key(worker.as_str()), event });
             }
             // Workers are shared by the admin call itself (`share_worker`), before it answers;
             // a restored calibration came from the store.

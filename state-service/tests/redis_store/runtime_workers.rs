@@ -45,8 +45,10 @@ fn admin_registered_workers_are_shared_by_every_replica() {
     assert!(has(&c, "w9"), "stored workers are registered on start");
     assert!(has(&c, "w0"), "its own config still applies");
 
-    // Removed through b: gone everywhere, and a later replica does not see it.
-    assert_eq!(admin(&rt, reqwest::Method::DELETE, b.url("/admin/workers/w9"), None), 204);
+    // Removed through b: gone everywhere, and a later replica does not see it. The pick above
+    // is still in flight (never reported), so a plain DELETE would drain first (202).
+    assert_eq!(admin(&rt, reqwest::Method::DELETE, b.url("/admin/workers/w9"), None), 202);
+    assert_eq!(admin(&rt, reqwest::Method::DELETE, b.url("/admin/workers/w9?force=true"), None), 204);
     wait_until("replicas a and c to remove w9", || !has(&a, "w9") && !has(&c, "w9"));
     let d = Replica::start(config("rd", 4));
     assert!(!has(&d, "w9"));

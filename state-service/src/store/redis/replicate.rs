@@ -19,6 +19,8 @@ use super::{RedisStore, StoreStats};
 use crate::assign::AssignmentId;
 use crate::fleet::{FleetEvent, Usage};
 use crate::store::Inbound;
+use crate::types::WorkerId;
+use kvroute_core::wire::UpstreamFailure;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -36,6 +38,8 @@ pub enum Op {
     Delete { id: u64, event: Event },
     /// A plain key/value with a TTL (calibration snapshots).
     Set { key: String, value: String },
+    /// Only publish `event`, on the shard owning `key`.
+    Publish { key: String, event: Event },
 }
 
 /// Most ops sent in one pipeline.
@@ -150,6 +154,11 @@ pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
         Event::Freed { id } => FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() },
         Event::WorkerAdded(worker) => return store.adopt_worker(inbound, *worker),
         Event::WorkerRemoved { id } => return store.drop_worker(inbound, &id),
+        Event::WorkerSuspect { id, reason } => FleetEvent::Suspected {
+            worker: WorkerId::new(&id),
+            reason: UpstreamFailure::try_from(reason).unwrap_or(UpstreamFailure::UpstreamReset),
+        },
+        Event::WorkerDraining { id } => FleetEvent::Draining(WorkerId::new(&id)),
     };
     let _ = inbound.send(event);
 }

@@ -41,6 +41,10 @@ pub enum Event {
     /// A worker registered at runtime on some replica.
     WorkerAdded(Box<WorkerConfig>),
     WorkerRemoved { id: String },
+    /// The proxy saw the worker fail (`reason`: the contract's UpstreamFailure number).
+    WorkerSuspect { id: String, reason: i32 },
+    /// New picks to the worker stopped.
+    WorkerDraining { id: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
