@@ -16,3 +16,7 @@ mod warm_start;
 mod outage;
 #[path = "redis_store/runtime_workers.rs"]
 mod runtime_workers;
+#[path = "redis_store/proxy.rs"]
+mod proxy;
+#[path = "redis_store/slow_shard.rs"]
+mod slow_shard;

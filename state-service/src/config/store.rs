@@ -1,6 +1,7 @@
 //! Store selection and the Redis store's settings (`store = "redis"` plus `[redis]`).
 
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,8 +31,22 @@ pub struct RedisConfig {
     pub mirror_interval_ms: u64,
     /// Shard health probe interval (a down shard is retried this often).
     pub probe_interval_ms: u64,
-    /// Replicated writes waiting to be sent; beyond this they are dropped and counted.
+    /// Replicated writes waiting to be sent, per shard; beyond this they are dropped and
+    /// counted. Every shard has its own queue and writer, so a slow shard never delays the
+    /// others' writes.
     pub queue: usize,
+    /// Every replica publishes a heartbeat on every shard's channel this often; a
+    /// subscription that hears nothing (not even its own heartbeat) for three of these is
+    /// taken as dead: the shard counts as down and it resubscribes. Must be > 0.
+    pub heartbeat_ms: u64,
+    /// PEM file of the CA(s) trusted for `rediss://` URLs (instead of the system roots).
+    pub ca_file: Option<PathBuf>,
+    /// File holding the Redis password (read at start, whitespace trimmed), applied to every
+    /// URL that has none (with the URL's user name, if any, for an ACL user).
+    pub password_file: Option<PathBuf>,
+    /// Name of an environment variable holding the password, as `password_file` (one of the
+    /// two at most).
+    pub password_env: Option<String>,
 }
 
 impl Default for RedisConfig {
@@ -45,6 +60,67 @@ impl Default for RedisConfig {
             mirror_interval_ms: 50,
             probe_interval_ms: 200,
             queue: 10_000,
+            heartbeat_ms: 500,
+            ca_file: None,
+            password_file: None,
+            password_env: None,
         }
+    }
+}
+
+impl RedisConfig {
+    /// Checks what the store needs before it connects; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.urls.is_empty() {
+            return Err("redis.urls: at least one URL".into());
+        }
+        if self.heartbeat_ms == 0 {
+            return Err("redis.heartbeat_ms: must be > 0".into());
+        }
+        if self.password_file.is_some() && self.password_env.is_some() {
+            return Err("redis.password_file, redis.password_env: set one at most".into());
+        }
+        Ok(())
+    }
+
+    /// The password from `password_file` or `password_env`, trimmed; `None` when neither is
+    /// set.
+    pub fn password(&self) -> Result<Option<String>, String> {
+        let raw = match (&self.password_file, &self.password_env) {
+            (Some(path), _) => std::fs::read_to_string(path).map_err(|e| format!("redis.password_file {}: {e}", path.display()))?,
+            (None, Some(var)) => std::env::var(var).map_err(|e| format!("redis.password_env {var}: {e}"))?,
+            (None, None) => return Ok(None),
+        };
+        let pw = raw.trim();
+        if pw.is_empty() {
+            return Err("redis password (password_file / password_env) is empty".into());
+        }
+        Ok(Some(pw.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_and_password_sources() {
+        assert_eq!(RedisConfig::default().validate(), Ok(()));
+        let zero = RedisConfig { heartbeat_ms: 0, ..RedisConfig::default() };
+        assert!(zero.validate().is_err_and(|e| e.contains("heartbeat_ms")));
+        let dir = std::env::temp_dir().join(format!("kvroute-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("pw");
+        std::fs::write(&file, "  s3cret\n").expect("write");
+        let c = RedisConfig { password_file: Some(file.clone()), ..RedisConfig::default() };
+        assert_eq!(c.password(), Ok(Some("s3cret".into())));
+        let both = RedisConfig { password_env: Some("X".into()), ..c.clone() };
+        assert!(both.validate().is_err());
+        std::fs::write(&file, "\n").expect("write");
+        assert!(c.password().is_err(), "an empty password file is an error, not no password");
+        let missing = RedisConfig { password_file: Some(dir.join("nope")), ..RedisConfig::default() };
+        assert!(missing.password().is_err_and(|e| e.contains("password_file")));
+        assert_eq!(RedisConfig::default().password(), Ok(None));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

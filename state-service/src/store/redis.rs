@@ -12,9 +12,10 @@
 //!   published; other replicas register or remove them too, and a starting replica registers
 //!   the stored ones (with their mirrors) as if they were in its config.
 //!
-//! Nothing on the pick path waits for Redis. Shards are probed; while one is down picks are
-//! marked degraded (`state_unavailable`), its writes are dropped and counted, and its mirrors
-//! are rewritten once it is back.
+//! Nothing on the pick path waits for Redis. Shards are probed, and every subscription hears
+//! a heartbeat; while a shard is down (or its subscription silent) picks are marked degraded
+//! (`state_unavailable`), its writes are dropped and counted, and its mirrors are rewritten
+//! once it is back. Each shard has its own write queue, so a slow one delays only itself.
 
 pub mod lease;
 pub mod mirror;
@@ -41,7 +42,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use wire::{Event, Record};
+use tokio::time::Instant;
+use wire::{Event, Record, Ttls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -51,6 +53,8 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("redis call timed out after {0:?}")]
     Timeout(Duration),
+    #[error("redis shard {url}: {message}")]
+    Auth { url: String, message: String },
 }
 
 /// What a warm start found in Redis, consumed as engines and workers start.
@@ -71,8 +75,9 @@ pub struct RedisStore {
     channel: String,
     assignment_ttl: Duration,
     first_token_ttl: Duration,
-    queue: mpsc::Sender<Op>,
-    pending_rx: Mutex<Option<mpsc::Receiver<Op>>>,
+    /// One write queue per shard (index = shard), drained by that shard's writer.
+    queues: Vec<mpsc::Sender<(String, Op)>>,
+    pending_rx: Mutex<Vec<mpsc::Receiver<(String, Op)>>>,
     warm: Mutex<WarmStart>,
     /// Ids of the workers registered at runtime (here or on another replica).
     shared: Mutex<HashSet<String>>,
@@ -86,11 +91,23 @@ impl RedisStore {
     /// Prepares the shards and loads what a warm start needs for the configured workers
     /// (their engines' mirrors, calibration). Unreachable shards are skipped: those engines
     /// start cold and the shard is marked down.
+    ///
+    /// Fails on a bad `[redis]` table (URLs, `#insecure`, an unreadable `password_file` or
+    /// `ca_file`) and when a shard refuses the credentials: those are configuration errors,
+    /// not outages.
     pub async fn connect(config: &Config) -> Result<Arc<RedisStore>, StoreError> {
         let rc = config.redis.clone();
-        let shards = Shards::new(&rc.urls, Duration::from_millis(rc.timeout_ms.max(1)))?;
+        rc.validate().map_err(StoreError::Config)?;
+        let password = rc.password().map_err(StoreError::Config)?;
+        let ca_pem = match &rc.ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|e| StoreError::Config(format!("redis.ca_file {}: {e}", path.display())))?),
+            None => None,
+        };
+        let opts = shards::ConnectOptions { password, ca_pem };
+        let shards = Shards::with_options(&rc.urls, Duration::from_millis(rc.timeout_ms.max(1)), &opts)?;
+        check_credentials(&shards).await?;
         let replica = rc.replica_id.clone().unwrap_or_else(|| format!("replica-{:016x}", rand::thread_rng().gen::<u64>()));
-        let (tx, rx) = mpsc::channel(rc.queue.max(1));
+        let (queues, pending): (Vec<_>, Vec<_>) = shards.ids().map(|_| mpsc::channel(rc.queue.max(1))).unzip();
         let store = Arc::new(RedisStore {
             channel: format!("{}:events", rc.key_prefix),
             salt: xxhash_rust::xxh3::xxh3_64(replica.as_bytes()),
@@ -100,8 +117,8 @@ impl RedisStore {
             stats: Arc::new(StoreStats::default()),
             assignment_ttl: Duration::from_millis(config.timeouts.assignment_ttl_ms),
             first_token_ttl: Duration::from_millis(config.timeouts.first_token_ttl_ms),
-            queue: tx,
-            pending_rx: Mutex::new(Some(rx)),
+            queues,
+            pending_rx: Mutex::new(pending),
             warm: Mutex::new(WarmStart::default()),
             shared: Mutex::new(HashSet::new()),
             config_workers: config.workers.iter().map(|w| w.id.clone()).collect(),
@@ -248,10 +265,18 @@ impl RedisStore {
         self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| unavailable(shard, e))
     }
 
+    /// Queues `op` for the shard owning its key; dropped (and counted) when that shard is
+    /// down or its queue is full.
     fn send(&self, op: Op) {
-        if self.queue.try_send(op).is_err() {
+        let key = self.op_key(&op);
+        let shard = self.shards.owner(&key);
+        if !self.shards.is_up(shard) || self.queues[shard.0].try_send((key, op)).is_err() {
             self.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    fn ttls(&self) -> Ttls {
+        Ttls { assignment: self.assignment_ttl, first_token: self.first_token_ttl }
     }
 
     /// The key that decides an op's shard.
@@ -263,20 +288,34 @@ impl RedisStore {
         }
     }
 
+    /// What this replica publishes for `event`: the origin first, so a replica skips its own
+    /// messages without parsing.
+    fn payload(&self, event: &Event) -> Option<String> {
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            from: &'a str,
+            event: &'a Event,
+        }
+        let json = serde_json::to_string(&Out { from: &self.replica, event }).ok()?;
+        Some(format!("{}\n{json}", self.replica))
+    }
+
     /// Adds the PUBLISH of `event` on this store's channel to `pipe`.
     fn publish(&self, pipe: &mut redis::Pipeline, event: Event) {
-        let msg = wire::Message { from: self.replica.clone(), event };
-        if let Ok(json) = serde_json::to_string(&msg) {
-            // The origin first, so a replica skips its own messages without parsing.
-            pipe.publish(&self.channel, format!("{}\n{json}", self.replica)).ignore();
+        if let Some(payload) = self.payload(&event) {
+            pipe.publish(&self.channel, payload).ignore();
         }
     }
 
-    fn add_op(&self, pipe: &mut redis::Pipeline, key: String, op: Op) {
+    fn add_op(&self, pipe: &mut redis::Pipeline, key: String, op: Op, now: Instant) {
         match op {
-            Op::Put { record, ttl, event } => {
-                if let Ok(json) = serde_json::to_string(&record) {
-                    pipe.pset_ex(&key, json, ttl.as_millis().max(1) as u64).ignore();
+            Op::Put { record, expires, event } => {
+                // What is left of the record's life, never more; nothing once it is over.
+                let ttl = expires.saturating_duration_since(now).as_millis() as u64;
+                if ttl > 0 {
+                    if let Ok(json) = serde_json::to_string(&record) {
+                        pipe.pset_ex(&key, json, ttl).ignore();
+                    }
                 }
                 if let Some(event) = event {
                     self.publish(pipe, event);
@@ -293,20 +332,43 @@ impl RedisStore {
         }
     }
 
-    /// Probes every shard; a shard that comes back gets its mirrors rewritten (the lease
-    /// tasks see it up again and flush the full rewrite they requested while it was down).
-    async fn probe_loop(self: Arc<Self>) {
+    /// Probes `shard` (one task per shard, so a slow one does not delay the others'); a
+    /// shard that comes back gets its mirrors rewritten (the lease tasks see it up again and
+    /// flush the full rewrite they requested while it was down).
+    async fn probe_loop(self: Arc<Self>, shard: ShardId) {
         let every = Duration::from_millis(self.config.probe_interval_ms.max(10));
         loop {
-            for id in self.shards.ids() {
-                if self.shards.probe(id).await {
-                    self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(shard = %self.shards.node(id).url, "redis shard back");
-                }
+            if self.shards.probe(shard).await {
+                self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(shard = %self.shards.node(shard).url, "redis shard back");
             }
             tokio::time::sleep(every).await;
         }
     }
+}
+
+/// PINGs every shard once: refused credentials (wrong password, unknown ACL user, missing
+/// AUTH) fail the start with the server's answer; an unreachable shard is only marked down.
+async fn check_credentials(shards: &Shards) -> Result<(), StoreError> {
+    for id in shards.ids() {
+        match shards.cmd::<String>(id, &redis::cmd("PING")).await {
+            Err(StoreError::Redis(e)) if is_auth_error(&e) => {
+                let url = shards.node(id).url.clone();
+                return Err(StoreError::Auth { url, message: format!("credentials refused ({e}); check the URL's user and redis.password_file / password_env") });
+            }
+            Err(e) => tracing::warn!(shard = %shards.node(id).url, error = %e, "redis shard unreachable at start: picks degraded until it answers"),
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+fn is_auth_error(e: &redis::RedisError) -> bool {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        return true;
+    }
+    let text = e.to_string();
+    ["WRONGPASS", "NOAUTH", "NOPERM"].iter().any(|code| text.contains(code))
 }
 
 fn unavailable(shard: ShardId, e: StoreError) -> ShareError {
@@ -323,13 +385,14 @@ impl SharedStore for RedisStore {
         for (worker, calibration) in std::mem::take(&mut self.warm.lock().calibrations) {
             let _ = inbound.send(FleetEvent::CalibrationRestored { worker: WorkerId::new(&worker), calibration });
         }
-        if let Some(rx) = self.pending_rx.lock().take() {
-            tokio::spawn(replicate::writer(me.clone(), rx));
+        for (i, rx) in std::mem::take(&mut *self.pending_rx.lock()).into_iter().enumerate() {
+            tokio::spawn(replicate::writer(me.clone(), ShardId(i), rx));
         }
         for shard in self.shards.ids() {
             tokio::spawn(replicate::subscriber(me.clone(), inbound.clone(), shard));
+            tokio::spawn(replicate::heartbeat(me.clone(), shard));
+            tokio::spawn(me.clone().probe_loop(shard));
         }
-        tokio::spawn(me.probe_loop());
     }
 
     fn share_worker(&self, worker: &WorkerConfig) -> StoreFuture {
@@ -367,12 +430,14 @@ impl SharedStore for RedisStore {
                 // Keys travel in the event only: the stored record is for load and calibration.
                 let record = Box::new(Record::new(a, &[], &self.replica));
                 let event = Some(Event::Assigned(Record::new(a, credit, &self.replica)));
-                self.send(Op::Put { record, ttl: self.first_token_ttl, event });
+                self.send(Op::Put { record, expires: a.created_at + self.first_token_ttl, event });
             }
             (FleetEvent::FirstToken { id, elapsed_ms }, Applied::FirstToken { assignment: a, calibration }) => {
+                // Refreshed until the end of its whole life (assignment TTL from its creation,
+                // never from now): `add_op` writes what is left of it, or nothing.
                 let record = Box::new(Record::new(a, &[], &self.replica));
-                let remaining = self.assignment_ttl.saturating_sub(a.created_at.elapsed());
-                self.send(Op::Put { record, ttl: remaining, event: Some(Event::FirstToken { id: id.0, elapsed_ms: *elapsed_ms }) });
+                let event = Some(Event::FirstToken { id: id.0, elapsed_ms: *elapsed_ms });
+                self.send(Op::Put { record, expires: a.created_at + self.assignment_ttl, event });
                 if let Some(json) = calibration.as_ref().and_then(|c| serde_json::to_string(c).ok()) {
                     self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json });
                 }
@@ -418,7 +483,7 @@ impl SharedStore for RedisStore {
     }
 
     fn degraded(&self) -> bool {
-        !self.shards.all_up()
+        !self.shards.all_up() || !self.shards.all_subscribed()
     }
 
     fn id_salt(&self) -> u64 {

@@ -1,17 +1,25 @@
 //! Replicating assignments between replicas.
 //!
-//! Out: the pick and report paths push [`Op`]s onto a bounded queue (`try_send`: a full
-//! queue drops the op and counts it, the pick never waits). One writer task drains the
-//! queue, groups ops by the shard owning the assignment, and sends each group as one
-//! pipeline: `SET {prefix}:asg:{id} PX ttl` / `DEL` plus `PUBLISH {prefix}:events`. Ops for a
-//! shard marked down are dropped and counted at once, so a dead shard never backs the queue
-//! up behind its timeouts.
+//! Out: the pick and report paths push [`Op`]s onto the bounded queue of the shard owning
+//! the op's key (`try_send`: a full queue drops the op and counts it, the pick never waits).
+//! Every shard has its own queue and writer task, which sends what is queued as one
+//! pipeline: `SET {prefix}:asg:{id} PX ttl` / `DEL` plus `PUBLISH {prefix}:events`. So a slow
+//! shard delays only its own writes (its queue fills and drops), never another shard's. Ops
+//! for a shard marked down are dropped and counted at once, so a dead shard never backs its
+//! queue up behind its timeouts. A record's TTL is what is left of its life when the pipeline
+//! is built (a record that waited past it is not written; its event still is).
 //!
 //! In: one subscriber task per shard turns other replicas' events into [`FleetEvent`]s and
 //! sends them to the service (`Inbound`), which applies them to its fleet exactly like its
 //! own. On every (re)subscription it first loads the shard's runtime-registered workers and
 //! live assignment records (SCAN), so a starting replica, or one that missed messages while a
-//! shard was away, catches up; applying a known assignment again changes nothing.
+//! shard was away, catches up; applying a known assignment again changes nothing. Records
+//! and events older than their TTL are not adopted (counted as stale).
+//!
+//! Liveness: every replica publishes a heartbeat on every shard's channel each
+//! `heartbeat_ms`. A subscription that receives nothing, not even its own heartbeat, for
+//! three of them is half-open: the shard is marked down and unsubscribed (picks degraded,
+//! `subscription_timeouts` counted) and the subscriber resubscribes, with the resync.
 
 use super::shards::ShardId;
 use super::wire::{Event, Message, Record};
@@ -21,7 +29,6 @@ use crate::fleet::{FleetEvent, Usage};
 use crate::store::Inbound;
 use crate::types::WorkerId;
 use kvroute_core::wire::UpstreamFailure;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +39,9 @@ use tokio_stream::StreamExt;
 /// One replicated write.
 #[derive(Debug)]
 pub enum Op {
-    /// Store (or refresh) the record with this TTL and publish `event`.
-    Put { record: Box<Record>, ttl: Duration, event: Option<Event> },
+    /// Store (or refresh) the record until `expires` (not at all once that passed) and
+    /// publish `event`.
+    Put { record: Box<Record>, expires: Instant, event: Option<Event> },
     /// Delete the record and publish `event`.
     Delete { id: u64, event: Event },
     /// A plain key/value with a TTL (calibration snapshots).
@@ -45,31 +53,41 @@ pub enum Op {
 /// Most ops sent in one pipeline.
 const BATCH: usize = 256;
 
-pub async fn writer(store: Arc<RedisStore>, mut rx: mpsc::Receiver<Op>) {
+/// Sends the ops queued for `shard`, one pipeline per batch.
+pub async fn writer(store: Arc<RedisStore>, shard: ShardId, mut rx: mpsc::Receiver<(String, Op)>) {
     let mut buf = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut buf, BATCH).await > 0 {
-        let mut by_shard: HashMap<ShardId, redis::Pipeline> = HashMap::new();
-        let mut counts: HashMap<ShardId, u64> = HashMap::new();
-        for op in buf.drain(..) {
-            let key = store.op_key(&op);
-            let shard = store.shards.owner(&key);
-            if !store.shards.is_up(shard) {
-                store.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            let pipe = by_shard.entry(shard).or_insert_with(redis::pipe);
-            store.add_op(pipe, key, op);
-            *counts.entry(shard).or_default() += 1;
+        let n = buf.len() as u64;
+        if !store.shards.is_up(shard) {
+            store.stats.writes_dropped.fetch_add(n, Ordering::Relaxed);
+            buf.clear();
+            continue;
         }
-        for (shard, pipe) in by_shard {
-            let n = counts.get(&shard).copied().unwrap_or(0);
-            match store.shards.pipe::<()>(shard, &pipe).await {
-                Ok(()) => store.stats.writes.fetch_add(n, Ordering::Relaxed),
-                Err(e) => {
-                    tracing::debug!(error = %e, shard = %store.shards.node(shard).url, "replicated writes dropped");
-                    store.stats.writes_dropped.fetch_add(n, Ordering::Relaxed)
-                }
-            };
+        let mut pipe = redis::pipe();
+        let now = Instant::now();
+        for (key, op) in buf.drain(..) {
+            store.add_op(&mut pipe, key, op, now);
+        }
+        match store.shards.pipe::<()>(shard, &pipe).await {
+            Ok(()) => store.stats.writes.fetch_add(n, Ordering::Relaxed),
+            Err(e) => {
+                tracing::debug!(error = %e, shard = %store.shards.node(shard).url, "replicated writes dropped");
+                store.stats.writes_dropped.fetch_add(n, Ordering::Relaxed)
+            }
+        };
+    }
+}
+
+/// Publishes this replica's heartbeat on `shard`'s channel every `heartbeat_ms` (module docs).
+pub async fn heartbeat(store: Arc<RedisStore>, shard: ShardId) {
+    let mut tick = tokio::time::interval(Duration::from_millis(store.config.heartbeat_ms.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let payload = store.payload(&Event::Heartbeat);
+    loop {
+        tick.tick().await;
+        if let Some(p) = &payload {
+            // A failure marks the shard down like any call; the probe brings it back.
+            let _ = store.shards.cmd::<()>(shard, redis::cmd("PUBLISH").arg(&store.channel).arg(p)).await;
         }
     }
 }
@@ -78,10 +96,13 @@ pub async fn writer(store: Arc<RedisStore>, mut rx: mpsc::Receiver<Op>) {
 pub async fn subscriber(store: Arc<RedisStore>, inbound: Inbound, shard: ShardId) {
     let retry = Duration::from_millis(store.config.probe_interval_ms.max(10));
     while !inbound.is_closed() {
-        if let Err(e) = subscribe_once(&store, &inbound, shard).await {
-            tracing::debug!(error = %e, shard = %store.shards.node(shard).url, "event subscription lost");
-        }
-        store.shards.mark_down(shard);
+        let why = match subscribe_once(&store, &inbound, shard).await {
+            Ok(()) => "event subscription closed".to_string(),
+            Err(e) => format!("event subscription lost: {e}"),
+        };
+        tracing::debug!(shard = %store.shards.node(shard).url, "{why}");
+        store.shards.set_subscribed(shard, false);
+        store.shards.mark_down_because(shard, &why);
         tokio::time::sleep(retry).await;
     }
 }
@@ -93,9 +114,21 @@ async fn subscribe_once(store: &RedisStore, inbound: &Inbound, shard: ShardId) -
     tokio::time::timeout(timeout, pubsub.subscribe(&store.channel)).await.map_err(|_| super::StoreError::Timeout(timeout))??;
     let loaded = resync(store, inbound, shard).await?;
     store.stats.resyncs.fetch_add(1, Ordering::Relaxed);
+    store.shards.set_subscribed(shard, true);
     tracing::debug!(shard = %store.shards.node(shard).url, loaded, "subscribed to replica events");
+    let silence = Duration::from_millis(store.config.heartbeat_ms.max(1).saturating_mul(3));
     let mut messages = pubsub.on_message();
-    while let Some(msg) = messages.next().await {
+    loop {
+        // Anything, our own heartbeat included, proves the connection alive.
+        let msg = match tokio::time::timeout(silence, messages.next()).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return Ok(()),
+            Err(_) => {
+                store.stats.subscription_timeouts.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(shard = %store.shards.node(shard).url, ?silence, "event subscription silent (half-open?): resubscribing");
+                return Err(super::StoreError::Timeout(silence));
+            }
+        };
         let payload = msg.get_payload_bytes();
         let Some(split) = payload.iter().position(|b| *b == b'\n') else {
             store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -111,7 +144,6 @@ async fn subscribe_once(store: &RedisStore, inbound: &Inbound, shard: ShardId) -
             }
         }
     }
-    Ok(())
 }
 
 /// Loads every live assignment record of `shard` (the fleet skips those it knows), and
@@ -131,10 +163,13 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
     let now = Instant::now();
     for value in store.scan_values(shard, &format!("{}:asg:*", store.config.key_prefix)).await? {
         match serde_json::from_slice::<Record>(&value) {
-            Ok(r) if r.replica != store.replica => {
-                loaded += 1;
-                let _ = inbound.send(FleetEvent::Assigned { assignment: r.assignment(now), credit: Arc::from([]) });
-            }
+            Ok(r) if r.replica != store.replica => match r.assignment(now, store.ttls()) {
+                Some(assignment) => {
+                    loaded += 1;
+                    let _ = inbound.send(FleetEvent::Assigned { assignment, credit: Arc::from([]) });
+                }
+                None => stale(store, &r),
+            },
             Ok(_) => {}
             Err(_) => {
                 store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
@@ -146,9 +181,15 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
 
 /// Turns another replica's event into the fleet event it stands for.
 pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
+    if matches!(event, Event::Heartbeat) {
+        return;
+    }
     store.stats.received.fetch_add(1, Ordering::Relaxed);
     let event = match event {
-        Event::Assigned(r) => FleetEvent::Assigned { assignment: r.assignment(Instant::now()), credit: r.keys().into() },
+        Event::Assigned(r) => match r.assignment(Instant::now(), store.ttls()) {
+            Some(assignment) => FleetEvent::Assigned { assignment, credit: r.keys().into() },
+            None => return stale(store, &r),
+        },
         Event::FirstToken { id, elapsed_ms } => FleetEvent::FirstToken { id: AssignmentId(id), elapsed_ms },
         // Completion and cancellation free alike; the usage was observed where it was reported.
         Event::Freed { id } => FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() },
@@ -159,8 +200,15 @@ pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
             reason: UpstreamFailure::try_from(reason).unwrap_or(UpstreamFailure::UpstreamReset),
         },
         Event::WorkerDraining { id } => FleetEvent::Draining(WorkerId::new(&id)),
+        Event::Heartbeat => return,
     };
     let _ = inbound.send(event);
+}
+
+/// A record (or `assigned` event) older than its TTL: not adopted, counted.
+fn stale(store: &RedisStore, r: &Record) {
+    store.stats.stale_records.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(id = r.id, replica = %r.replica, age = ?r.age(), "stale assignment record not adopted");
 }
 
 impl StoreStats {

@@ -27,6 +27,11 @@ pub struct StoreStats {
     pub mirror_failures: AtomicU64,
     /// Shards that came back after being down.
     pub recoveries: AtomicU64,
+    /// Subscriptions that heard nothing (not even a heartbeat) for three `heartbeat_ms`, so
+    /// were taken as dead (half-open) and renewed.
+    pub subscription_timeouts: AtomicU64,
+    /// Assignment records or events not adopted because they outlived their TTL.
+    pub stale_records: AtomicU64,
 }
 
 pub(super) struct StoreCollector {
@@ -61,11 +66,19 @@ impl Collector for StoreCollector {
         counter(&mut enc, "store_mirror_flushes", "Mirror changes written", &s.mirror_flushes)?;
         counter(&mut enc, "store_mirror_failures", "Mirror writes that failed (rewritten later)", &s.mirror_failures)?;
         counter(&mut enc, "store_shard_recoveries", "Shards that came back after being down", &s.recoveries)?;
+        counter(&mut enc, "store_subscription_timeouts", "Subscriptions silent for 3 heartbeats, taken as dead and renewed", &s.subscription_timeouts)?;
+        counter(&mut enc, "store_stale_records", "Assignment records or events not adopted: older than their TTL", &s.stale_records)?;
         let mut up = enc.encode_descriptor("store_shard_up", "1 while the shard answers", None, MetricType::Gauge)?;
         for id in store.shards.ids() {
             let node = store.shards.node(id);
             let label = ShardLabel { shard: node.url.clone() };
             ConstGauge::new(i64::from(store.shards.is_up(id))).encode(up.encode_family(&label)?)?;
+        }
+        drop(up);
+        let mut subscribed = enc.encode_descriptor("store_shard_subscribed", "1 while this replica's event subscription to the shard is live", None, MetricType::Gauge)?;
+        for id in store.shards.ids() {
+            let label = ShardLabel { shard: store.shards.node(id).url.clone() };
+            ConstGauge::new(i64::from(store.shards.is_subscribed(id))).encode(subscribed.encode_family(&label)?)?;
         }
         Ok(())
     }

@@ -45,12 +45,23 @@ pub enum Event {
     WorkerSuspect { id: String, reason: i32 },
     /// New picks to the worker stopped.
     WorkerDraining { id: String },
+    /// Liveness only: every replica publishes one on every shard's channel each
+    /// `heartbeat_ms`, so a subscription that hears nothing knows it is dead. Never applied.
+    Heartbeat,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub from: String,
     pub event: Event,
+}
+
+/// How long an assignment lives: until its first token at most `first_token`, in all at
+/// most `assignment` (the table's expiry, [`crate::assign::Assignments::expire`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ttls {
+    pub assignment: Duration,
+    pub first_token: Duration,
 }
 
 pub fn unix_ms() -> u64 {
@@ -80,11 +91,28 @@ impl Record {
         Duration::from_millis(unix_ms().saturating_sub(self.created_unix_ms))
     }
 
-    /// The local assignment, its times moved back by the record's age.
-    pub fn assignment(&self, now: Instant) -> Assignment {
-        let created_at = now.checked_sub(self.age()).unwrap_or(now);
+    /// The life of the assignment this record stands for, from its creation.
+    pub fn ttl(&self, ttls: Ttls) -> Duration {
+        match self.first_token {
+            true => ttls.assignment,
+            false => ttls.first_token,
+        }
+    }
+
+    /// The local assignment, its times moved back by the record's age; `None` when the record
+    /// is stale: older than its TTL (another replica would have expired it already), or so
+    /// old that this process's clock cannot go back that far (never taken as created now).
+    pub fn assignment(&self, now: Instant, ttls: Ttls) -> Option<Assignment> {
+        self.assignment_aged(now, ttls, self.age())
+    }
+
+    fn assignment_aged(&self, now: Instant, ttls: Ttls, age: Duration) -> Option<Assignment> {
+        if age >= self.ttl(ttls) {
+            return None;
+        }
+        let created_at = now.checked_sub(age)?;
         let [steps, tokens, fixed_ms] = self.features;
-        Assignment {
+        Some(Assignment {
             id: AssignmentId(self.id),
             worker: WorkerId::new(&self.worker),
             policy: self.policy,
@@ -95,7 +123,7 @@ impl Record {
             created_at,
             first_token_at: self.first_token.then_some(now),
             predicted_cached_tokens: None,
-        }
+        })
     }
 
     pub fn keys(&self) -> Vec<BlockKey> {
@@ -126,8 +154,56 @@ mod tests {
         let m = Message { from: "r1".into(), event: Event::Assigned(r.clone()) };
         let back: Message = serde_json::from_str(&serde_json::to_string(&m).expect("encodes")).expect("decodes");
         assert_eq!(back, m);
-        let b = r.assignment(now);
+        let b = r.assignment(now, TTLS).expect("a fresh record is live");
         assert_eq!((b.id, b.worker, b.features, b.first_token_at), (a.id, a.worker, a.features, None));
         assert_eq!(r.keys(), vec![BlockKey(1), BlockKey(u64::MAX)]);
+    }
+
+    const TTLS: Ttls = Ttls { assignment: Duration::from_secs(600), first_token: Duration::from_secs(120) };
+
+    fn record(age: Duration, first_token: bool) -> Record {
+        Record {
+            id: 7,
+            replica: "other".into(),
+            worker: "w0".into(),
+            policy: Policy::Kvroute,
+            prompt_tokens: 10,
+            uncached_tokens: 10,
+            predicted_ttft_ms: 1.0,
+            features: [1.0, 10.0, 0.0],
+            keys: vec![],
+            created_unix_ms: unix_ms() - age.as_millis() as u64,
+            first_token,
+        }
+    }
+
+    #[tokio::test]
+    async fn stale_records_are_not_adopted() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        // Waiting for its first token: the first-token TTL bounds it.
+        let live = record(s(100), false).assignment(now, TTLS).expect("inside the first-token TTL");
+        let age = now - live.created_at;
+        assert!(age >= s(100) && age < s(101), "created_at moved back by the age: {age:?}");
+        assert!(record(s(121), false).assignment(now, TTLS).is_none(), "past the first-token TTL");
+        // Past its first token: the assignment TTL bounds it.
+        assert!(record(s(121), true).assignment(now, TTLS).is_some());
+        assert!(record(s(601), true).assignment(now, TTLS).is_none(), "past the assignment TTL");
+        // Written in 1970 (a zero or garbage timestamp): stale, not brand new.
+        let ancient = Record { created_unix_ms: 0, ..record(s(0), true) };
+        assert!(ancient.assignment(now, TTLS).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_age_the_clock_cannot_represent_is_never_taken_as_now() {
+        let forever = Ttls { assignment: Duration::MAX, first_token: Duration::MAX };
+        let r = record(Duration::ZERO, true);
+        let now = Instant::now();
+        // Inside the (unbounded) TTL, but no Instant lies that far back: not adopted, where
+        // `checked_sub(age).unwrap_or(now)` made it brand new.
+        let age = Duration::from_secs(u64::MAX);
+        assert!(age < forever.assignment && now.checked_sub(age).is_none());
+        assert!(r.assignment_aged(now, forever, age).is_none());
+        assert!(r.assignment_aged(now, forever, Duration::from_secs(1)).is_some());
     }
 }
