@@ -20,3 +20,9 @@ mod runtime_workers;
 mod proxy;
 #[path = "redis_store/slow_shard.rs"]
 mod slow_shard;
+#[path = "redis_store/half_open.rs"]
+mod half_open;
+#[path = "redis_store/stale_records.rs"]
+mod stale_records;
+#[path = "redis_store/tls.rs"]
+mod tls;

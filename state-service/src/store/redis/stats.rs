@@ -74,7 +74,6 @@ impl Collector for StoreCollector {
             let label = ShardLabel { shard: node.url.clone() };
             ConstGauge::new(i64::from(store.shards.is_up(id))).encode(up.encode_family(&label)?)?;
         }
-        drop(up);
         let mut subscribed = enc.encode_descriptor("store_shard_subscribed", "1 while this replica's event subscription to the shard is live", None, MetricType::Gauge)?;
         for id in store.shards.ids() {
             let label = ShardLabel { shard: store.shards.node(id).url.clone() };
