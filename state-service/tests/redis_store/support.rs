@@ -70,7 +70,7 @@ impl RedisServer {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
         let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
         let mut buf = [0u8; 16];
-        s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).map_or(false, |n| buf[..n].starts_with(b"+PONG"))
+        s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
     }
 }
 

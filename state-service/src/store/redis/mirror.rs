@@ -198,7 +198,8 @@ pub async fn write(shards: &Shards, shard: ShardId, key: &MirrorKey, changes: &C
 pub async fn load(shards: &Shards, shard: ShardId, key: &MirrorKey) -> Result<Mirror, StoreError> {
     let mut pipe = redis::pipe();
     pipe.atomic().hgetall(&key.blocks).get(&key.seq);
-    let (raw, seq): (Vec<(Vec<u8>, Vec<u8>)>, Option<u64>) = shards.pipe(shard, &pipe).await?;
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+    let (raw, seq): (Fields, Option<u64>) = shards.pipe(shard, &pipe).await?;
     let mut blocks: Vec<BlockEntry> = raw.iter().filter_map(|(f, v)| decode(f, v)).collect();
     blocks.sort_unstable();
     Ok(Mirror { blocks, seq })

@@ -124,7 +124,7 @@ impl Shards {
         }
         // Placement hashes the URLs as configured (a password added from a file is not part
         // of it, so rotating that password moves no key).
-        let seeds = urls.iter().map(|u| xxh3_64_with_seed(u.as_bytes(), 0x6b76_726f_7574_65)).collect();
+        let seeds = urls.iter().map(|u| xxh3_64_with_seed(u.as_bytes(), 0x006b_7672_6f75_7465)).collect();
         Ok(Shards { nodes, seeds, timeout, manager })
     }
 
