@@ -12,7 +12,7 @@ use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-const HEARTBEAT_MS: u64 = 100;
+const HEARTBEAT_MS: u64 = 200;
 
 /// Picks on `r` until one's record lives on shard 0 (the proxied one); returns its id.
 fn pick_on_shard0(rt: &tokio::runtime::Runtime, r: &Replica, next: &mut u64) -> u64 {
@@ -58,8 +58,8 @@ fn a_black_holed_subscription_is_noticed_and_renewed() {
     let id = pick_on_shard0(&rt, a, &mut next);
     wait_until("the pick to replicate through the proxied shard", || b.state.fleet.assignments().contains(AssignmentId(id)));
     let timeouts = |r: &Replica| r.store.stats.subscription_timeouts.load(Ordering::Relaxed);
-    // Ten heartbeats, over three silence windows: nothing times out on a healthy link.
-    std::thread::sleep(std::time::Duration::from_millis(10 * HEARTBEAT_MS));
+    // Five heartbeats, over one and a half silence windows: nothing times out on a healthy link.
+    std::thread::sleep(std::time::Duration::from_millis(5 * HEARTBEAT_MS));
     assert_eq!(replicas.iter().map(timeouts).sum::<u64>(), 0, "heartbeats keep healthy subscriptions alive");
 
     proxy.pause(true);

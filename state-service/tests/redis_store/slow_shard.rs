@@ -1,7 +1,7 @@
 //! A slow (not dead) shard does not throttle the others' writes: with every chunk to and from
-//! one of three shards delayed 200 ms (a round trip 400 ms, inside the raised timeout), the
+//! one of three shards delayed 300 ms (a round trip 600 ms, inside the raised timeout), the
 //! assignment records of picks owned by the two healthy shards still land within
-//! milliseconds, the slow shard stays up (picks are not degraded), and its own records arrive
+//! milliseconds (one writer for all shards made them wait for the slow round trip), the slow shard stays up (picks are not degraded), and its own records arrive
 //! late or are counted dropped.
 
 use super::proxy::Proxy;
@@ -10,7 +10,7 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 const PICKS: u64 = 30;
-const DELAY: Duration = Duration::from_millis(200);
+const DELAY: Duration = Duration::from_millis(300);
 
 fn exists(conn: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query::<bool>(conn).expect("direct redis call")
@@ -22,7 +22,7 @@ fn a_slow_shard_does_not_delay_the_other_shards_writes() {
     let proxy = Proxy::start(servers[0].port);
     let mut c = redis_config(&servers, "slow", 1);
     c.redis.urls[0] = proxy.url();
-    c.redis.timeout_ms = 2_000;
+    c.redis.timeout_ms = 3_000;
     plain_workers(&mut c, 4);
     let replica = Replica::start(c);
     let direct: Vec<redis::Client> = servers.iter().map(|s| redis::Client::open(s.url()).expect("url")).collect();
@@ -54,8 +54,9 @@ fn a_slow_shard_does_not_delay_the_other_shards_writes() {
     let (p50, max) = (healthy[healthy.len() / 2], healthy[healthy.len() - 1]);
     eprintln!("healthy-shard write latency with a slow shard ({} healthy, {} slow picks): p50 {p50:?}, max {max:?}", healthy.len(), slow.len());
     assert!(healthy.len() >= 5 && !slow.is_empty(), "picks spread over the shards: {} healthy, {} slow", healthy.len(), slow.len());
-    // Serial writes would wait out a 400 ms round trip to the slow shard.
-    assert!(max < Duration::from_millis(150), "healthy shards' writes waited for the slow one: p50 {p50:?}, max {max:?}");
+    // Serial writes would wait out a 600 ms round trip to the slow shard; the margin is for
+    // a loaded machine.
+    assert!(max < Duration::from_millis(300), "healthy shards' writes waited for the slow one: p50 {p50:?}, max {max:?}");
 
     // The slow shard's records arrive (late) or are counted dropped.
     wait_until("the slow shard's writes to land or be counted", || {
