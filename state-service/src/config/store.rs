@@ -121,6 +121,12 @@ mod tests {
         let missing = RedisConfig { password_file: Some(dir.join("nope")), ..RedisConfig::default() };
         assert!(missing.password().is_err_and(|e| e.contains("password_file")));
         assert_eq!(RedisConfig::default().password(), Ok(None));
+        let unset = RedisConfig { password_env: Some("KVROUTE_TEST_SURELY_UNSET_VAR".into()), ..RedisConfig::default() };
+        assert!(unset.password().is_err_and(|e| e.contains("KVROUTE_TEST_SURELY_UNSET_VAR")), "an unset variable is an error");
+        if let Ok(path) = std::env::var("PATH") {
+            let env = RedisConfig { password_env: Some("PATH".into()), ..RedisConfig::default() };
+            assert_eq!(env.password(), Ok(Some(path.trim().to_string())));
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
