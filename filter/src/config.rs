@@ -6,6 +6,7 @@
 use kvroute_core::request::Api;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// Where the routing decision is written.
@@ -53,6 +54,10 @@ pub struct RawConfig {
     pub trust_tenant_header: bool,
     pub strip_headers: Vec<String>,
     pub fallback_endpoints: usize,
+    pub trusted_sources: Vec<String>,
+    pub allowed_targets: Vec<String>,
+    pub state_token: Option<String>,
+    pub state_token_env: Option<String>,
 }
 
 impl Default for RawConfig {
@@ -66,7 +71,7 @@ impl Default for RawConfig {
             report_timeout_ms: 1000,
             routing_mode: RoutingMode::Endpoint,
             route_header: None,
-            decision_header: true,
+            decision_header: false,
             fallback_header: true,
             max_body_bytes: 4 << 20,
             llm_paths: [
@@ -88,8 +93,72 @@ impl Default for RawConfig {
             trust_tenant_header: false,
             strip_headers: Vec::new(),
             fallback_endpoints: 2,
+            trusted_sources: Vec::new(),
+            allowed_targets: Vec::new(),
+            state_token: None,
+            state_token_env: None,
         }
     }
+}
+
+/// Shortest credential accepted for the state service (bytes): a guessable token is none.
+pub const MIN_TOKEN_LEN: usize = 32;
+
+/// An address range, `10.0.0.0/8` or `::1/128` (a bare address is one host).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (addr, bits) = match s.split_once('/') {
+            Some((a, b)) => (a.parse::<IpAddr>().ok()?, Some(b.parse::<u8>().ok()?)),
+            None => (s.parse::<IpAddr>().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = bits.unwrap_or(max);
+        (bits <= max).then_some(Cidr { addr, bits })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let mask = |bits: u8, width: u32| if bits == 0 { 0 } else { u128::MAX << (width - u32::from(bits)) };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let m = mask(self.bits, 32) as u32;
+                u32::from(net) & m == u32::from(ip) & m
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let m = mask(self.bits, 128);
+                u128::from(net) & m == u128::from(ip) & m
+            }
+            (IpAddr::V4(_), IpAddr::V6(ip)) => ip.to_ipv4_mapped().is_some_and(|v4| self.contains(IpAddr::V4(v4))),
+            (IpAddr::V6(_), IpAddr::V4(_)) => false,
+        }
+    }
+}
+
+/// The peer's IP from a host address property (`10.0.0.1:5555`, `[::1]:5555`, or a bare IP).
+pub fn peer_ip(address: &str) -> Option<IpAddr> {
+    address.parse::<SocketAddr>().map(|a| a.ip()).ok().or_else(|| address.parse().ok())
+}
+
+/// A target pattern: exact, or with `*` standing for any run of characters
+/// (`10.1.0.*:8000`, `vllm_*`).
+pub fn target_matches(pattern: &str, target: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = target.strip_prefix(first) else { return false };
+    let tail: Vec<&str> = parts.collect();
+    let Some((last, middle)) = tail.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = rest.get(i + part.len()..).unwrap_or_default(),
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// Validated configuration, shared (read-only) by every HTTP context of a VM.
@@ -125,6 +194,14 @@ pub struct Config {
     /// override-host header (`IP:Port,IP:Port,...`; a retry moves down the list). 0 for a
     /// header that takes one host (an ORIGINAL_DST cluster's `http_header_name`).
     pub fallback_endpoints: usize,
+    /// Downstream peers trusted with the decision's details (`x-kvroute-decision` with
+    /// worker, matched/total blocks and predicted TTFT); others get no match information.
+    pub trusted_sources: Vec<Cidr>,
+    /// Endpoints / clusters the filter may route to (patterns with `*`); empty: any. A pick
+    /// naming anything else falls back (`target_not_allowed`).
+    pub allowed_targets: Vec<String>,
+    /// Sent as `authorization: Bearer ..` on pick and report calls, when set.
+    pub state_token: Option<String>,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -140,6 +217,16 @@ pub enum ConfigError {
     UnknownApi { path: String, api: String },
     #[error("`{field}`: `{value}` is not a valid header name")]
     BadHeader { field: &'static str, value: String },
+    #[error("`trusted_sources`: `{0}` is not an address or CIDR range (e.g. 10.0.0.0/8)")]
+    BadCidr(String),
+    #[error("`allowed_targets`: `{0:?}` is not a target pattern (printable, no spaces)")]
+    BadTarget(String),
+    #[error("set `state_token` or `state_token_env`, not both")]
+    TwoTokens,
+    #[error("`state_token_env`: environment variable `{0}` is not set in the VM (list it in vm_config.environment_variables.host_env_keys)")]
+    NoTokenEnv(String),
+    #[error("the state token must be at least 32 printable characters")]
+    WeakToken,
 }
 
 impl Config {
@@ -190,6 +277,25 @@ impl Config {
         let tenant_header = raw.tenant_header.as_deref().map(|h| header_name("tenant_header", h)).transpose()?;
         let strip_headers =
             raw.strip_headers.iter().map(|h| header_name("strip_headers", h)).collect::<Result<Vec<_>, _>>()?;
+        let trusted_sources = raw
+            .trusted_sources
+            .iter()
+            .map(|c| Cidr::parse(c).ok_or_else(|| ConfigError::BadCidr(c.clone())))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(p) = raw.allowed_targets.iter().find(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_graphic())) {
+            return Err(ConfigError::BadTarget(p.clone()));
+        }
+        let state_token = match (&raw.state_token, &raw.state_token_env) {
+            (Some(_), Some(_)) => return Err(ConfigError::TwoTokens),
+            (Some(t), None) => Some(t.trim().to_string()),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| ConfigError::NoTokenEnv(var.clone()))?.trim().to_string()),
+            (None, None) => None,
+        };
+        if let Some(t) = &state_token {
+            if t.len() < MIN_TOKEN_LEN || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::WeakToken);
+            }
+        }
         Ok(Config {
             state_cluster: raw.state_cluster,
             state_authority: raw.state_authority,
@@ -214,6 +320,9 @@ impl Config {
             trust_tenant_header: raw.trust_tenant_header,
             strip_headers,
             fallback_endpoints: raw.fallback_endpoints,
+            trusted_sources,
+            allowed_targets: raw.allowed_targets,
+            state_token,
         })
     }
 
@@ -221,6 +330,16 @@ impl Config {
     pub fn api_for_path(&self, path: &str) -> Option<Api> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
         self.llm_paths.get(path.trim_end_matches('/')).copied()
+    }
+
+    /// Whether a downstream peer (host `source.address`) may see the decision's details.
+    pub fn trusts(&self, source_address: Option<&str>) -> bool {
+        source_address.and_then(peer_ip).is_some_and(|ip| self.trusted_sources.iter().any(|c| c.contains(ip)))
+    }
+
+    /// Whether the filter may route to `target`.
+    pub fn allows(&self, target: &str) -> bool {
+        self.allowed_targets.is_empty() || self.allowed_targets.iter().any(|p| target_matches(p, target))
     }
 
     /// The block size for `model`: its override, else the default.
@@ -268,6 +387,34 @@ mod tests {
         assert_eq!(c.api_for_path("/generate"), Some(Api::Completions));
         assert_eq!(c.api_for_path("/v1/completions"), None);
         assert_eq!(c.strip_headers, vec!["x-foo".to_string()]);
+    }
+
+    #[test]
+    fn trust_targets_and_tokens() {
+        let c = Config::parse(
+            br#"{"state_cluster":"s","trusted_sources":["10.0.0.0/8","::1","192.168.1.7"],
+                 "allowed_targets":["10.1.0.*:8000","vllm_*","exact:1"]}"#,
+        )
+        .unwrap();
+        assert!(c.trusts(Some("10.3.4.5:4444")) && c.trusts(Some("[::1]:80")) && c.trusts(Some("192.168.1.7:1")));
+        assert!(c.trusts(Some("[::ffff:10.0.0.1]:1")), "v4-mapped v6 peers match v4 ranges");
+        assert!(!c.trusts(Some("11.0.0.1:1")) && !c.trusts(Some("192.168.1.8:1")) && !c.trusts(None) && !c.trusts(Some("junk")));
+        assert!(c.allows("10.1.0.5:8000") && c.allows("vllm_gpu_0") && c.allows("exact:1"));
+        assert!(!c.allows("10.1.0.5:9000") && !c.allows("evil.example:8000") && !c.allows("exact:12") && !c.allows("x_vllm_1"));
+        assert!(Config::parse(br#"{"state_cluster":"s"}"#).unwrap().allows("anything:1"), "no list: any target");
+        assert!(target_matches("*", "x") && target_matches("a*b*c", "aXbYc") && !target_matches("a*b*c", "aXbY"));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+
+        let token = "t".repeat(32);
+        let c = Config::parse(format!(r#"{{"state_cluster":"s","state_token":" {token} "}}"#).as_bytes()).unwrap();
+        assert_eq!(c.state_token.as_deref(), Some(token.as_str()));
+        assert_eq!(Config::parse(br#"{"state_cluster":"s","state_token":"short"}"#), Err(ConfigError::WeakToken));
+        assert!(matches!(
+            Config::parse(br#"{"state_cluster":"s","state_token_env":"KVROUTE_TEST_UNSET_TOKEN_VAR"}"#),
+            Err(ConfigError::NoTokenEnv(_))
+        ));
+        assert!(matches!(Config::parse(br#"{"state_cluster":"s","trusted_sources":["10.0.0.0/33"]}"#), Err(ConfigError::BadCidr(_))));
+        assert!(matches!(Config::parse(br#"{"state_cluster":"s","allowed_targets":["a b"]}"#), Err(ConfigError::BadTarget(_))));
     }
 
     #[test]

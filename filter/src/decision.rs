@@ -39,10 +39,12 @@ pub enum FallbackReason {
     Degraded,
     /// A worker was picked but it has no address for this routing mode.
     NoTarget,
+    /// The pick named an endpoint or cluster outside the configured `allowed_targets`.
+    TargetNotAllowed,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 13] = [
+    pub const ALL: [FallbackReason; 14] = [
         FallbackReason::NoBody,
         FallbackReason::BodyTooLarge,
         FallbackReason::Unparsable,
@@ -56,6 +58,7 @@ impl FallbackReason {
         FallbackReason::NoHealthyWorker,
         FallbackReason::Degraded,
         FallbackReason::NoTarget,
+        FallbackReason::TargetNotAllowed,
     ];
 
     /// Stable label used in the header and the metric name. The two reasons the state service
@@ -75,6 +78,7 @@ impl FallbackReason {
             FallbackReason::NoHealthyWorker => DegradedReason::DegradedNoHealthyWorker.label(),
             FallbackReason::Degraded => "degraded",
             FallbackReason::NoTarget => "no_target",
+            FallbackReason::TargetNotAllowed => "target_not_allowed",
         }
     }
 
@@ -87,6 +91,20 @@ impl FallbackReason {
             // worker, whatever the reason; the generic label still counts it.
             Ok(_) | Err(_) => FallbackReason::Degraded,
         }
+    }
+
+    /// Whether the state service may hold an assignment for this request that nobody will
+    /// report: the pick was answered (or may yet be) but its answer is not used.
+    pub fn leaves_assignment(self) -> bool {
+        matches!(
+            self,
+            FallbackReason::PickUnavailable
+                | FallbackReason::PickTimeout
+                | FallbackReason::PickStatus
+                | FallbackReason::PickDecode
+                | FallbackReason::NoTarget
+                | FallbackReason::TargetNotAllowed
+        )
     }
 
     /// Index into [`FallbackReason::ALL`] (for metric handle arrays).
@@ -115,6 +133,11 @@ pub fn headers_to_strip<'a>(config: &Config, names: impl IntoIterator<Item = &'a
 pub struct RequestMeta {
     pub request_id: String,
     pub tenant: String,
+    /// The assignment id this filter names for the pick (never 0), so it can cancel the
+    /// assignment on every path where the answer is not used.
+    pub assignment_id: u64,
+    /// The downstream peer may see the decision's details (`trusted_sources`).
+    pub trusted: bool,
 }
 
 /// The pick request for a parsed LLM request.
@@ -130,6 +153,7 @@ pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> P
         max_tokens: req.max_tokens.unwrap_or(0),
         stream: req.stream,
         tenant: meta.tenant.clone(),
+        assignment_id: meta.assignment_id,
         ..PickRequest::default()
     };
     match &req.prompt {
@@ -164,8 +188,9 @@ pub struct Route {
     pub decision: String,
 }
 
-/// Interprets a decoded PickResponse under the configured routing mode.
-pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, FallbackReason> {
+/// Interprets a decoded PickResponse under the configured routing mode; `trusted`: the
+/// decision header may carry the details.
+pub fn route_from_pick(config: &Config, resp: &PickResponse, trusted: bool) -> Result<Route, FallbackReason> {
     if resp.worker_id.is_empty() {
         return Err(FallbackReason::from_degraded(resp.degraded_reason));
     }
@@ -176,9 +201,12 @@ pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, Fa
     if target.is_empty() || !is_header_value(target) {
         return Err(FallbackReason::NoTarget);
     }
+    if !config.allows(target) {
+        return Err(FallbackReason::TargetNotAllowed);
+    }
     let mut value = target.clone();
     if config.routing_mode == RoutingMode::Endpoint {
-        let usable = |e: &&String| !e.is_empty() && *e != target && is_header_value(e) && !e.contains(',');
+        let usable = |e: &&String| !e.is_empty() && *e != target && is_header_value(e) && !e.contains(',') && config.allows(e);
         for fallback in resp.fallback_endpoints.iter().filter(usable).take(config.fallback_endpoints) {
             value.push(',');
             value.push_str(fallback);
@@ -189,12 +217,22 @@ pub fn route_from_pick(config: &Config, resp: &PickResponse) -> Result<Route, Fa
         value,
         address: resp.endpoint.clone(),
         assignment_id: resp.assignment_id,
-        decision: decision_value(resp),
+        decision: decision_value(resp, trusted),
     })
 }
 
-/// `worker=..;matched=..;total=..;ttft_ms=..;policy=..;tokenization=..;degraded=..`
-pub fn decision_value(resp: &PickResponse) -> String {
+/// For a trusted caller `worker=..;matched=..;total=..;ttft_ms=..;policy=..;tokenization=..;degraded=..`;
+/// for anyone else only `policy=..;tokenization=..;degraded=..`: which worker holds which
+/// prefix, block by block, is another tenant's secret (a probe for a guessed prompt).
+pub fn decision_value(resp: &PickResponse, trusted: bool) -> String {
+    if !trusted {
+        return format!(
+            "policy={};tokenization={};degraded={}",
+            sanitize(&resp.policy),
+            tokenization_label(resp.tokenization),
+            degraded_label(resp.degraded_reason)
+        );
+    }
     format!(
         "worker={};matched={};total={};ttft_ms={:.1};policy={};tokenization={};degraded={}",
         sanitize(&resp.worker_id),
@@ -314,7 +352,8 @@ mod tests {
         let text = "x".repeat(600);
         let body = serde_json::json!({"model":"m","messages":[{"role":"user","content":text}]}).to_string();
         let req = parse(Api::ChatCompletions, body.as_bytes()).unwrap();
-        let pick = build_pick(&c, &req, &RequestMeta { request_id: "r1".into(), tenant: String::new() });
+        let pick = build_pick(&c, &req, &RequestMeta { request_id: "r1".into(), assignment_id: 9, ..RequestMeta::default() });
+        assert_eq!(pick.assignment_id, 9);
         assert!(pick.token_keys.is_empty());
         assert!(pick.chat_json.contains("messages"));
         assert_eq!(pick.text_chunk_keys.len(), req.canonical_text().len() / 256);
@@ -334,13 +373,13 @@ mod tests {
             policy: "ttft".into(),
             ..PickResponse::default()
         };
-        let r = route_from_pick(&config(""), &resp).unwrap();
+        let r = route_from_pick(&config(""), &resp, true).unwrap();
         assert_eq!((r.header.as_str(), r.value.as_str(), r.assignment_id), ("x-gateway-destination-endpoint", "127.0.0.1:8101", 7));
         assert_eq!(r.decision, "worker=w1;matched=3;total=4;ttft_ms=12.3;policy=ttft;tokenization=none;degraded=none");
-        let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &resp).unwrap();
+        let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &resp, true).unwrap();
         assert_eq!((r.header.as_str(), r.value.as_str()), ("x-kvroute-cluster", "worker_w1"));
 
-        let no_worker = |degraded: i32| route_from_pick(&config(""), &PickResponse { degraded_reason: degraded, ..PickResponse::default() });
+        let no_worker = |degraded: i32| route_from_pick(&config(""), &PickResponse { degraded_reason: degraded, ..PickResponse::default() }, true);
         assert_eq!(no_worker(DegradedReason::DegradedUnknownModel as i32), Err(FallbackReason::UnknownModel));
         assert_eq!(no_worker(DegradedReason::DegradedNoHealthyWorker as i32), Err(FallbackReason::NoHealthyWorker));
         assert_eq!(no_worker(DegradedReason::DegradedStateUnavailable as i32), Err(FallbackReason::Degraded));
@@ -350,15 +389,22 @@ mod tests {
             fallback_endpoints: vec!["127.0.0.1:8102".into(), "127.0.0.1:8101".into(), "".into(), "a,b".into(), "127.0.0.1:8103".into(), "127.0.0.1:8104".into()],
             ..resp.clone()
         };
-        let r = route_from_pick(&config(""), &with_fallbacks).unwrap();
+        let r = route_from_pick(&config(""), &with_fallbacks, true).unwrap();
         assert_eq!(r.value, "127.0.0.1:8101,127.0.0.1:8102,127.0.0.1:8103", "the target first, unusable entries skipped, 2 at most");
         assert_eq!(r.address, "127.0.0.1:8101");
-        let r = route_from_pick(&config(r#","fallback_endpoints":0"#), &with_fallbacks).unwrap();
+        let r = route_from_pick(&config(r#","fallback_endpoints":0"#), &with_fallbacks, true).unwrap();
         assert_eq!(r.value, "127.0.0.1:8101", "one host (ORIGINAL_DST takes no list)");
-        let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &with_fallbacks).unwrap();
+        let r = route_from_pick(&config(r#","routing_mode":"cluster""#), &with_fallbacks, true).unwrap();
         assert_eq!(r.value, "worker_w1", "a cluster header names one cluster");
+        let allowed = config(r#","allowed_targets":["127.0.0.1:810*"]"#);
+        let r = route_from_pick(&allowed, &PickResponse { fallback_endpoints: vec!["10.9.9.9:1".into(), "127.0.0.1:8103".into()], ..resp.clone() }, true).unwrap();
+        assert_eq!(r.value, "127.0.0.1:8101,127.0.0.1:8103", "fallbacks outside the allowlist are dropped");
+        let outside = PickResponse { endpoint: "169.254.169.254:80".into(), ..resp.clone() };
+        assert_eq!(route_from_pick(&allowed, &outside, true), Err(FallbackReason::TargetNotAllowed));
+        let r = route_from_pick(&config(""), &resp, false).unwrap();
+        assert_eq!(r.decision, "policy=ttft;tokenization=none;degraded=none", "no match information for untrusted callers");
         let no_addr = PickResponse { worker_id: "w".into(), ..PickResponse::default() };
-        assert_eq!(route_from_pick(&config(""), &no_addr), Err(FallbackReason::NoTarget));
+        assert_eq!(route_from_pick(&config(""), &no_addr, true), Err(FallbackReason::NoTarget));
     }
 
     #[test]
@@ -402,7 +448,7 @@ mod tests {
                 ..PickResponse::default()
             };
             assert_eq!(
-                decision_value(&resp),
+                decision_value(&resp, true),
                 format!("worker=w;matched=0;total=0;ttft_ms=0.0;policy=kvroute;tokenization={label};degraded=tokenizer_unavailable")
             );
         }
@@ -423,7 +469,7 @@ mod tests {
         ];
         for (degraded, label) in cases {
             let resp = PickResponse { worker_id: "w".into(), degraded_reason: degraded, ..PickResponse::default() };
-            assert!(decision_value(&resp).ends_with(&format!(";degraded={label}")), "{degraded}");
+            assert!(decision_value(&resp, true).ends_with(&format!(";degraded={label}")), "{degraded}");
         }
     }
 
@@ -454,6 +500,7 @@ mod tests {
                 "no_healthy_worker",
                 "degraded",
                 "no_target",
+                "target_not_allowed",
             ]
         );
         for (i, r) in FallbackReason::ALL.iter().enumerate() {

@@ -6,6 +6,7 @@
 //! here: byte-level getters converted leniently, every error logged once and turned into a
 //! harmless default.
 
+use crate::config::Config;
 use proxy_wasm::hostcalls as hc;
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType, Status};
 use std::time::{Duration, UNIX_EPOCH};
@@ -69,16 +70,21 @@ pub fn resume_request() {
     warn_on_err("resume_http_request", hc::resume_http_request());
 }
 
-/// POSTs `body` to `path` on `cluster`; returns the call token.
-pub fn post(cluster: &str, authority: &str, path: &str, body: &[u8], timeout: Duration, extra: &[(&str, &str)]) -> Result<u32, Status> {
+/// POSTs `body` to `path` on the state service (its cluster and authority, with its token
+/// when one is configured); returns the call token.
+pub fn post(config: &Config, path: &str, body: &[u8], timeout: Duration, extra: &[(&str, &str)]) -> Result<u32, Status> {
+    let bearer = config.state_token.as_ref().map(|t| format!("Bearer {t}"));
     let mut headers = vec![
         (":method", "POST"),
         (":path", path),
-        (":authority", authority),
+        (":authority", config.state_authority.as_str()),
         ("content-type", "application/x-protobuf"),
     ];
+    if let Some(b) = &bearer {
+        headers.push(("authorization", b.as_str()));
+    }
     headers.extend_from_slice(extra);
-    hc::dispatch_http_call(cluster, headers, Some(body), Vec::new(), timeout)
+    hc::dispatch_http_call(&config.state_cluster, headers, Some(body), Vec::new(), timeout)
 }
 
 /// Envoy re-selects the route when a filter changes request headers; the explicit foreign call

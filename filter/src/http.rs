@@ -14,7 +14,7 @@ use crate::host;
 use crate::report::ResponseTracker;
 use crate::shared::Shared;
 use kvroute_core::request::{parse, Api};
-use kvroute_core::wire::{PickResponse, Report};
+use kvroute_core::wire::{PickResponse, Report, ReportKind};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
@@ -69,6 +69,9 @@ impl HttpFilter {
         self.phase = Phase::Idle;
         self.fallback = Some(reason);
         self.shared.metrics.fallback(reason);
+        if reason.leaves_assignment() {
+            self.cancel_assignment();
+        }
         host::log(
             LogLevel::Info,
             &format!("kvroute: request {} -> default route ({}){detail}", self.meta.request_id, reason.label()),
@@ -90,10 +93,14 @@ impl HttpFilter {
             }
         };
         self.streaming = req.stream;
+        self.meta.assignment_id = self.shared.ids.next();
         let pick = build_pick(c, &req, &self.meta).encode_to_vec();
-        let extra: Vec<(&str, &str)> =
-            if self.meta.request_id.is_empty() { Vec::new() } else { vec![("x-request-id", self.meta.request_id.as_str())] };
-        match host::post(&c.state_cluster, &c.state_authority, &c.pick_path, &pick, c.pick_timeout, &extra) {
+        let deadline = c.pick_timeout.as_millis().to_string();
+        let mut extra: Vec<(&str, &str)> = vec![("x-kvroute-deadline-ms", deadline.as_str())];
+        if !self.meta.request_id.is_empty() {
+            extra.push(("x-request-id", self.meta.request_id.as_str()));
+        }
+        match host::post(c, &c.pick_path, &pick, c.pick_timeout, &extra) {
             Ok(token) => {
                 host::increment(self.shared.metrics.picks);
                 self.phase = Phase::Picking { token, sent_ms: host::now_ms() };
@@ -116,7 +123,8 @@ impl HttpFilter {
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
-        let route = route_from_pick(&self.shared.config, &resp).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
+        let route =
+            route_from_pick(&self.shared.config, &resp, self.meta.trusted).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
         host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
         host::clear_route_cache();
         host::increment(self.shared.metrics.routed);
@@ -127,6 +135,14 @@ impl HttpFilter {
         self.decision = Some(route.decision);
         self.address = route.address;
         Ok(())
+    }
+
+    /// The state service may hold (or be about to record) an assignment for this request that
+    /// will never be used: cancel it by the id this filter named.
+    fn cancel_assignment(&self) {
+        if self.meta.assignment_id != 0 {
+            self.queue([Report { assignment_id: self.meta.assignment_id, kind: ReportKind::ReportCancel as i32, ..Report::default() }]);
+        }
     }
 
     fn queue(&self, reports: impl IntoIterator<Item = Report>) {
@@ -158,8 +174,13 @@ impl Context for HttpFilter {
 impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let c = &self.shared.config;
-        for name in headers_to_strip(c, host::header_names(MapType::HttpRequestHeaders).iter().map(String::as_str)) {
-            host::remove_header(MapType::HttpRequestHeaders, &name);
+        let forged = headers_to_strip(c, host::header_names(MapType::HttpRequestHeaders).iter().map(String::as_str));
+        for name in &forged {
+            host::remove_header(MapType::HttpRequestHeaders, name);
+        }
+        if !forged.is_empty() {
+            // A route chosen while a forged header was present must not stand.
+            host::clear_route_cache();
         }
         let path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
         if c.api_for_path(&path).is_none() {
@@ -167,6 +188,7 @@ impl HttpContext for HttpFilter {
         }
         host::increment(self.shared.metrics.llm_requests);
         self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
+        self.meta.trusted = c.decision_header && c.trusts(host::property(&["source", "address"]).as_deref());
         if c.trust_tenant_header {
             if let Some(h) = &c.tenant_header {
                 self.meta.tenant = host::header(MapType::HttpRequestHeaders, h).unwrap_or_default();
@@ -248,6 +270,11 @@ impl HttpContext for HttpFilter {
     }
 
     fn on_log(&mut self) {
+        if matches!(self.phase, Phase::Picking { .. }) {
+            // The client went away while the pick was in flight: its answer will never be used.
+            self.phase = Phase::Idle;
+            self.cancel_assignment();
+        }
         if let Some(t) = self.tracker.as_mut() {
             if let Some(r) = t.on_log(host::now_ms()) {
                 self.queue([r]);

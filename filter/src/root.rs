@@ -8,7 +8,7 @@ use crate::host;
 use crate::http::{HttpFilter, PassThrough};
 use crate::metrics::Metrics;
 use crate::report::ReportQueue;
-use crate::shared::Shared;
+use crate::shared::{AssignmentIds, Shared};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel, MapType};
@@ -18,26 +18,35 @@ use std::rc::Rc;
 #[derive(Default)]
 pub struct Root {
     shared: Option<Rc<Shared>>,
-    /// Token and size of the report batch in flight (one at a time).
-    in_flight: Option<(u32, usize)>,
+    /// Token of the report batch in flight (one at a time).
+    in_flight: Option<u32>,
+    /// The batch being delivered: sent again on the next tick until the state service takes
+    /// it (reports are idempotent there), so a cancel survives a frozen or restarting service.
+    batch: Option<(usize, Vec<u8>)>,
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _headers: usize, _body: usize, _trailers: usize) {
-        let Some((expected, count)) = self.in_flight else { return };
-        if token != expected {
+        if self.in_flight != Some(token) {
             return;
         }
         self.in_flight = None;
         let Some(shared) = &self.shared else { return };
+        let count = self.batch.as_ref().map_or(0, |(n, _)| *n);
         let status = host::header(MapType::HttpCallResponseHeaders, ":status");
         if is_success(status.as_deref()) {
+            self.batch = None;
             if let Some(id) = shared.metrics.reports_sent {
                 let _ = hostcalls::increment_metric(id, i64::try_from(count).unwrap_or(i64::MAX));
             }
         } else {
             host::increment(shared.metrics.report_failures);
             host::log(LogLevel::Debug, &format!("kvroute: report batch of {count} failed, status {status:?}"));
+            // Kept only while the service is away (no answer, 5xx): a batch it refused (4xx)
+            // would be refused again and hold every later report back.
+            if status.as_deref().and_then(|s| s.parse::<u16>().ok()).is_some_and(|s| s < 500) {
+                self.batch = None;
+            }
         }
     }
 }
@@ -61,7 +70,17 @@ impl RootContext for Root {
             LogLevel::Info,
             &format!("kvroute: configured, mode {:?}, header {}, state cluster {}", config.routing_mode, config.route_header, config.state_cluster),
         );
-        self.shared = Some(Rc::new(Shared { config, metrics: Metrics::define(), reports }));
+        if config.allowed_targets.is_empty() {
+            host::log(LogLevel::Warn, "kvroute: no allowed_targets: the filter routes to any endpoint or cluster the state service names");
+        }
+        if config.state_token.is_none() {
+            host::log(LogLevel::Warn, "kvroute: no state_token: pick and report calls carry no credential");
+        }
+        // Per-VM seed from the host's randomness (WASI random_get, which Envoy and
+        // ngx_wasm_module provide), mixed with the clock.
+        let seed = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), host::now_ms().to_bits());
+        let ids = AssignmentIds::seeded(seed);
+        self.shared = Some(Rc::new(Shared { config, metrics: Metrics::define(), reports, ids }));
         true
     }
 
@@ -70,12 +89,14 @@ impl RootContext for Root {
             return;
         }
         let Some(shared) = &self.shared else { return };
-        let Ok(mut queue) = shared.reports.try_borrow_mut() else { return };
-        let Some((count, body)) = queue.take_batch() else { return };
-        drop(queue);
+        if self.batch.is_none() {
+            let Ok(mut queue) = shared.reports.try_borrow_mut() else { return };
+            self.batch = queue.take_batch();
+        }
+        let Some((_, body)) = &self.batch else { return };
         let c = &shared.config;
-        match host::post(&c.state_cluster, &c.state_authority, &c.report_path, &body, c.report_timeout, &[]) {
-            Ok(token) => self.in_flight = Some((token, count)),
+        match host::post(c, &c.report_path, body, c.report_timeout, &[]) {
+            Ok(token) => self.in_flight = Some(token),
             Err(status) => {
                 host::increment(shared.metrics.report_failures);
                 host::log(LogLevel::Debug, &format!("kvroute: report dispatch failed: {status:?}"));

@@ -15,11 +15,16 @@
 //! | POST /admin/reset | | 204 |
 //! | GET /healthz, /readyz, /metrics | | 200 (readyz: 503 when no worker is healthy) |
 //!
+//! `/v1/*` needs `Authorization: Bearer <api_token>` when one is configured (the filter sends
+//! its `state_token`), `/admin/*` the `admin_token`; both are compared in constant time, and a
+//! missing or wrong one is a 401. Health, readiness and metrics stay open (nothing secret).
+//!
 //! Bad input is a 4xx with a message saying what was wrong ([`error::ApiError`]); an unknown
 //! model is a 200 with `degraded_reason = "unknown_model"` and no worker, so the proxy falls
 //! back to its default route without treating the state service as broken.
 
 mod admin;
+mod auth;
 mod codec;
 mod error;
 mod info;
@@ -31,6 +36,7 @@ pub use error::ApiError;
 
 use crate::state::AppState;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{delete, get, post};
 use axum::Router;
 
@@ -38,17 +44,28 @@ use axum::Router;
 const BODY_LIMIT: usize = 32 * 1024 * 1024;
 
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    if state.config.api_token.is_none() {
+        tracing::warn!("no api_token: /v1/pick, /v1/report and the read views accept any caller");
+    }
+    // The proxy's API and the read views: the filter's `state_token`.
+    let api = Router::new()
         .route("/v1/pick", post(routes::pick))
         .route("/v1/report", post(routes::report))
         .route("/v1/workers", get(info::workers))
         .route("/v1/assignments", get(info::assignments))
         .route("/v1/models", get(models::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::api));
+    // The operator's: one auth layer for every admin route.
+    let admin = Router::new()
         .route("/admin/workers", post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
         .route("/admin/workers/{id}/drain", post(admin::drain_worker))
         .route("/admin/policy", post(admin::set_policy))
         .route("/admin/reset", post(admin::reset))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::admin));
+    Router::new()
+        .merge(api)
+        .merge(admin)
         .route("/healthz", get(info::healthz))
         .route("/readyz", get(info::readyz))
         .route("/metrics", get(info::metrics))

@@ -14,7 +14,7 @@ pub mod speculative;
 mod table;
 
 pub use speculative::Speculative;
-pub use table::{Assignments, Expired, Pending};
+pub use table::{Assignments, Expired, Insert, Pending};
 
 use crate::score::{Features, Policy};
 use crate::types::WorkerId;

@@ -30,7 +30,10 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?;
-        Config::from_toml(&text)
+        let mut config = Config::from_toml(&text)?;
+        config.read_token_files()?;
+        config.validate()?;
+        Ok(config)
     }
 
     /// Loads the file named by `cli` and applies its overrides.
@@ -51,11 +54,32 @@ impl Config {
         if let Some(token) = &cli.admin_token {
             config.admin_token = Some(token.clone());
         }
+        // Credentials come from the environment or files, never argv (visible to every user).
+        if let Ok(token) = std::env::var("KVROUTE_API_TOKEN") {
+            config.api_token = Some(token);
+        }
+        config.read_token_files()?;
         if let Some(dir) = &cli.tokenizer_dir {
             config.tokenization.default_tokenizer_dir = Some(dir.clone());
         }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Replaces `api_token_file` / `admin_token_file` by the tokens they hold.
+    pub fn read_token_files(&mut self) -> Result<(), ConfigError> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path)
+                .map(|t| t.trim().to_string())
+                .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })
+        };
+        if let Some(path) = self.api_token_file.take() {
+            self.api_token = Some(read(&path)?);
+        }
+        if let Some(path) = self.admin_token_file.take() {
+            self.admin_token = Some(read(&path)?);
+        }
+        Ok(())
     }
 
     /// The block size kvroute keys of `model` are cut with.

@@ -25,7 +25,7 @@ pub use event::{Applied, FleetEvent, Usage};
 pub use feed::{FeedSnapshot, FeedStats};
 pub use registry::{Engine, Registry, RegistryError, WorkerEntry};
 
-use crate::assign::{Assignment, Assignments, ReportOutcome, Speculative};
+use crate::assign::{Assignment, Assignments, Insert, ReportOutcome, Speculative};
 use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::index::KvIndex;
 use crate::load::LoadState;
@@ -150,7 +150,11 @@ impl Fleet {
         let t = &config.timeouts;
         Fleet {
             registry: RwLock::new(Registry::new()),
-            assignments: Mutex::new(Assignments::new(ms(t.assignment_ttl_ms), ms(t.first_token_ttl_ms))),
+            assignments: Mutex::new(Assignments::with_capacity(
+                ms(t.assignment_ttl_ms),
+                ms(t.first_token_ttl_ms),
+                config.resilience.max_assignments,
+            )),
             speculative: Mutex::new(Speculative::new(ms(t.speculative_ttl_ms))),
             approx: Mutex::new(ApproxMap::new(config.approx_capacity)),
             peer_sets: Mutex::new(PeerSets::default()),
@@ -166,9 +170,18 @@ impl Fleet {
         let applied = match event {
             FleetEvent::Assigned { assignment, credit } => self.assign(assignment, credit, now),
             FleetEvent::FirstToken { id, elapsed_ms } => self.first_token(*id, *elapsed_ms, now),
-            FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id } => match self.table(|t| t.finish(*id)) {
+            FleetEvent::Completed { id, .. } => match self.table(|t| t.finish(*id)) {
                 ReportOutcome::Freed(a) => Applied::Freed(a),
                 _ => Applied::Unknown,
+            },
+            // A cancel may overtake its pick (the proxy gave up on a slow answer): remembered,
+            // so the pick is discarded when it is recorded.
+            FleetEvent::Cancelled { id } => match self.table(|t| t.finish(*id)) {
+                ReportOutcome::Freed(a) => Applied::Freed(a),
+                _ => {
+                    self.assignments.lock().remember_cancel(*id, now);
+                    Applied::Unknown
+                }
             },
             FleetEvent::WorkerAdded(config) => match self.add_worker(config) {
                 Ok(entry) => Applied::WorkerAdded(entry),
@@ -209,8 +222,10 @@ impl Fleet {
     }
 
     fn assign(&self, assignment: &Assignment, credit: &[BlockKey], now: Instant) -> Applied {
-        if !self.table(|table| table.insert(assignment.clone())) {
-            return Applied::Duplicate;
+        match self.table(|table| table.insert(assignment.clone())) {
+            Insert::Known => return Applied::Duplicate,
+            Insert::Cancelled => return Applied::Abandoned,
+            Insert::Inserted => {}
         }
         if !credit.is_empty() {
             self.speculative.lock().credit(credit, &assignment.worker, now);

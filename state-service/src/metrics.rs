@@ -56,6 +56,11 @@ pub struct Metrics {
     pub upstream_failures: Family<FailureLabels, Counter>,
     /// Picks refused at once because too many were in progress (answered 429).
     pub picks_shed: Counter,
+    /// Picks the proxy had given up on before they were decided (cancelled first, or decided
+    /// past the proxy's timeout): not recorded, so they leave no load behind.
+    pub picks_abandoned: Counter,
+    /// Requests refused for a missing or wrong token (401).
+    pub unauthorized: Counter,
 }
 
 impl Default for Metrics {
@@ -85,6 +90,8 @@ impl Metrics {
             tokenize_latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))),
             upstream_failures: Family::default(),
             picks_shed: Counter::default(),
+            picks_abandoned: Counter::default(),
+            unauthorized: Counter::default(),
             registry: PromRegistry::default(),
         };
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
@@ -106,6 +113,8 @@ impl Metrics {
         registry.register("tokenization_failures", "Tokenization attempts without ids, by path and reason", m.tokenization_failures.clone());
         registry.register("tokenize_seconds", "Time to tokenize a prompt, by path", m.tokenize_latency.clone());
         registry.register("upstream_failures", "Failures the proxy saw on a chosen worker, by reason (each marks it suspect)", m.upstream_failures.clone());
+        registry.register("picks_abandoned", "Picks the proxy gave up on before they were decided (not recorded)", m.picks_abandoned.clone());
+        registry.register("unauthorized_requests", "Requests refused for a missing or wrong token", m.unauthorized.clone());
         registry.register("picks_shed", "Picks answered 429 overloaded at once instead of queueing past the proxy's timeout", m.picks_shed.clone());
         Metrics { registry, ..m }
     }

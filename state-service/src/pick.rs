@@ -87,7 +87,7 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
     let Some(chosen) = candidates.get(chosen_at) else {
         return fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker);
     };
-    let id = record(state, policy, &prompt, chosen, &mut rng, now);
+    let id = record(state, policy, &prompt, chosen, req.assignment_id, &mut rng, now);
     let degraded = degraded_reason(policy, prompt.limitation)
         .or_else(|| state.store.degraded().then_some(DegradedReason::DegradedStateUnavailable));
     if let Some(reason) = degraded {
@@ -247,20 +247,17 @@ fn matches(state: &AppState, policy: Policy, workers: &[WorkerView], prompt: &Pr
 
 /// Records the decision as a fleet event: kvroute credits the worker with exact keys until
 /// its events arrive; text chunks are remembered by the policies that route on them.
-fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candidate, rng: &mut impl RngCore, now: Instant) -> AssignmentId {
+fn record(
+    state: &AppState,
+    policy: Policy,
+    prompt: &PromptView,
+    chosen: &Candidate,
+    requested: u64,
+    rng: &mut impl RngCore,
+    now: Instant,
+) -> AssignmentId {
     let worker = &chosen.worker.id;
-    let credit = match policy {
-        Policy::Kvroute if prompt.exact => prompt.keys.clone(),
-        Policy::Kvroute | Policy::ApproxPrefix => {
-            state.fleet.learn(&prompt.keys, worker);
-            Arc::from([])
-        }
-        Policy::SglangCacheAware | Policy::LlmdDefault => {
-            state.fleet.peer_learn(policy, peer_keys(policy, prompt), worker);
-            Arc::from([])
-        }
-        _ => Arc::from([]),
-    };
+    let credit: Arc<[BlockKey]> = if policy == Policy::Kvroute && prompt.exact { prompt.keys.clone() } else { Arc::from([]) };
     let predicted_cached_tokens = prompt.exact.then(|| {
         // vLLM recomputes a fully cached prompt's last token: hits stop at the full blocks
         // before it.
@@ -268,8 +265,11 @@ fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candid
         let cacheable = prompt.prompt_tokens.saturating_sub(1) / block * block;
         chosen.matched.saturating_mul(block).min(cacheable)
     });
+    // The proxy's own id first (it cancels by it); a random one when it named none or the
+    // id is taken.
+    let mut next = (requested != 0).then_some(requested);
     loop {
-        let id = AssignmentId(rng.next_u64() ^ state.store.id_salt());
+        let id = AssignmentId(next.take().unwrap_or_else(|| rng.next_u64() ^ state.store.id_salt()));
         if id.0 == 0 {
             continue;
         }
@@ -285,10 +285,23 @@ fn record(state: &AppState, policy: Policy, prompt: &PromptView, chosen: &Candid
             first_token_at: None,
             predicted_cached_tokens,
         };
-        // An id already in the table (2^-64 odds, or a replica sharing seed and salt) is
-        // drawn again rather than shadowing a live assignment.
-        if !matches!(state.apply_at(FleetEvent::Assigned { assignment, credit: credit.clone() }, now), Applied::Duplicate) {
-            return id;
+        match state.apply_at(FleetEvent::Assigned { assignment, credit: credit.clone() }, now) {
+            // Taken (2^-64 odds, or a replica sharing seed and salt): drawn again rather than
+            // shadowing a live assignment.
+            Applied::Duplicate => continue,
+            // The proxy cancelled it already: nothing is recorded or learned.
+            Applied::Abandoned => {
+                state.metrics.picks_abandoned.inc();
+                return id;
+            }
+            _ => {}
         }
+        match policy {
+            Policy::Kvroute if prompt.exact => {}
+            Policy::Kvroute | Policy::ApproxPrefix => state.fleet.learn(&prompt.keys, worker),
+            Policy::SglangCacheAware | Policy::LlmdDefault => state.fleet.peer_learn(policy, peer_keys(policy, prompt), worker),
+            _ => {}
+        }
+        return id;
     }
 }

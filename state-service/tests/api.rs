@@ -331,3 +331,57 @@ async fn an_overloaded_service_refuses_picks_at_once() {
     let (_, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     assert!(String::from_utf8(metrics).unwrap().contains("kvroute_picks_shed_total 1"));
 }
+
+#[tokio::test]
+async fn the_proxy_api_needs_its_token_and_forged_reports_change_nothing() {
+    const API: &str = "api-token-for-tests-0123456789abcdef";
+    let mut config = common::config(&["a"]);
+    config.api_token = Some(API.into());
+    let index = std::sync::Arc::new(common::TestIndex::default());
+    let state = kvroute_state::state::AppState::new(config, index).unwrap();
+    let app = app(state.clone());
+    let pick = token_pick(&[1, 2]).encode_to_vec();
+    let with = |req: axum::http::request::Builder, token: Option<&str>| match token {
+        Some(t) => req.header(header::AUTHORIZATION, format!("Bearer {t}")),
+        None => req,
+    };
+    for token in [None, Some("wrong"), Some(TOKEN)] {
+        let req = with(Request::post("/v1/pick").header(header::CONTENT_TYPE, "application/x-protobuf"), token);
+        assert_eq!(send(&app, req.body(Body::from(pick.clone())).unwrap()).await.0, StatusCode::UNAUTHORIZED, "{token:?}");
+        for path in ["/v1/workers", "/v1/assignments", "/v1/models"] {
+            assert_eq!(send(&app, with(Request::get(path), token).body(Body::empty()).unwrap()).await.0, StatusCode::UNAUTHORIZED, "{path}");
+        }
+        // A forged report: a huge first-token time for whatever assignment, then a cancel.
+        let forged = ReportBatch { reports: vec![report(1, ReportKind::ReportFirstToken, 1e9), report(1, ReportKind::ReportCancel, 1.0)] };
+        let req = with(Request::post("/v1/report").header(header::CONTENT_TYPE, "application/x-protobuf"), token);
+        assert_eq!(send(&app, req.body(Body::from(forged.encode_to_vec())).unwrap()).await.0, StatusCode::UNAUTHORIZED);
+    }
+    let authed = |req: axum::http::request::Builder| req.header(header::AUTHORIZATION, format!("Bearer {API}"));
+    let req = authed(Request::post("/v1/pick").header(header::CONTENT_TYPE, "application/x-protobuf")).body(Body::from(pick)).unwrap();
+    let (status, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    let resp = PickResponse::decode(&body[..]).unwrap();
+    let (_, view) = send(&app, authed(Request::get("/v1/workers")).body(Body::empty()).unwrap()).await;
+    let view: Value = serde_json::from_slice(&view).unwrap();
+    assert_eq!(view["workers"][0]["calibration"]["samples"], 0, "no forged report reached calibration");
+    assert_eq!(view["assignments"], 1, "no forged cancel freed the real assignment {}", resp.assignment_id);
+    // Health, readiness and metrics stay open; the admin API has its own token.
+    assert_eq!(send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
+    assert_eq!(send(&app, admin(Method::POST, "/admin/reset", Some(API), json!({}))).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_cancel_before_its_pick_discards_the_pick() {
+    let (state, _) = state(&["a"]);
+    let app = app(state);
+    report_pb(&app, vec![report(77, ReportKind::ReportCancel, 0.0)]).await;
+    let resp = pick_pb(&app, &PickRequest { assignment_id: 77, ..token_pick(&[1]) }).await;
+    assert_eq!(resp.assignment_id, 77, "the proxy's id is used");
+    assert_eq!(assignment_count(&app).await, 0, "cancelled before it was decided: nothing recorded");
+    let kept = pick_pb(&app, &PickRequest { assignment_id: 78, ..token_pick(&[1]) }).await;
+    assert_eq!((kept.assignment_id, assignment_count(&app).await), (78, 1));
+    report_pb(&app, vec![report(78, ReportKind::ReportCancel, 0.0)]).await;
+    assert_eq!(assignment_count(&app).await, 0);
+    let (_, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert!(String::from_utf8(metrics).unwrap().contains("kvroute_picks_abandoned_total 1"));
+}

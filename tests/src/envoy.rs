@@ -58,11 +58,13 @@ pub struct EnvoyExtra {
     /// Adds a second listener without any HTTP filter but the router, routing to `workers_rr`,
     /// a plain `ROUND_ROBIN` cluster over the same workers: the baseline of the latency benchmark.
     pub plain_listener: bool,
+    /// Load this module instead of the kvroute filter (e.g. one that traps).
+    pub module: Option<std::path::PathBuf>,
 }
 
 impl Default for EnvoyExtra {
     fn default() -> Self {
-        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false }
+        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None }
     }
 }
 
@@ -144,6 +146,10 @@ impl Envoy {
             // Loaded CI machines: a 50 ms budget would make routing assertions flaky.
             "pick_timeout_ms": 2000,
             "report_flush_ms": 50,
+            "state_token": crate::net::API_TOKEN,
+            // The tests read the decision's details; off by default, and only for trusted peers.
+            "decision_header": true,
+            "trusted_sources": ["127.0.0.1/32"],
         });
         if let (Some(base), Value::Object(extra)) = (plugin.as_object_mut(), &opts.plugin) {
             for (k, v) in extra {
@@ -181,7 +187,7 @@ impl Envoy {
             .replace("${ADMIN_PORT}", &admin_port.to_string())
             .replace("${LISTEN_PORT}", &port.to_string())
             .replace("${STATE_PORT}", &opts.state_port.to_string())
-            .replace("${WASM_PATH}", &paths::filter_wasm()?.display().to_string())
+            .replace("${WASM_PATH}", &extra.module.clone().map_or_else(paths::filter_wasm, Ok)?.display().to_string())
             .replace("${WORKER_LB_ENDPOINTS}", &lb_endpoints)
             .replace("${WORKER_CLUSTERS}", clusters.trim_end())
             .replace("${PLUGIN_CONFIG}", &plugin.to_string());

@@ -5,6 +5,20 @@ use std::future::Future;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+/// The credential the e2e stacks share: the state service's `api_token`, the filter's
+/// `state_token`, and what the tests' own clients send.
+pub const API_TOKEN: &str = "kvroute-e2e-api-token-0123456789abcdef";
+
+/// An HTTP client for the tests: `timeout` per request, and the API token on every request
+/// (the state service needs it; Envoy and the workers ignore it).
+pub fn client(timeout: Duration) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Ok(v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {API_TOKEN}")) {
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    reqwest::Client::builder().timeout(timeout).default_headers(headers).build().unwrap_or_default()
+}
+
 /// A port free right now on 127.0.0.1 (the OS picks it; the listener is closed at once).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)

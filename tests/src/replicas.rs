@@ -51,7 +51,7 @@ impl ReplicaStack {
         }
         let urls: Vec<String> = shards.iter().map(|s| format!("\"{}\"", s.url())).collect();
         let (sim, http_base, zmq_base) = start_sim(opts.workers, opts.time_scale).await?;
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        let client = crate::net::client(Duration::from_secs(60));
         let mut replicas = Vec::new();
         for r in 0..opts.replicas {
             let port = free_port();

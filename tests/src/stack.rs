@@ -4,8 +4,8 @@
 //! cluster names), and Envoy with the filter in front. The state service can be killed and
 //! restarted on the same port to test fail-open and recovery.
 
-use crate::envoy::{worker_cluster, Envoy, EnvoyOptions, Mode};
-use crate::net::{free_port, free_port_range, wait_for, wait_http_ok};
+use crate::envoy::{worker_cluster, Envoy, EnvoyExtra, EnvoyOptions, Mode};
+use crate::net::{free_port, free_port_range, wait_for, wait_http_ok, API_TOKEN};
 use crate::paths;
 use crate::proc::Proc;
 use anyhow::{Context, Result};
@@ -38,11 +38,20 @@ pub struct StackOptions {
     pub time_scale: f64,
     /// What the state service's config adds to the harness defaults.
     pub state: StateToml,
+    /// Envoy variations (no filter, another module).
+    pub envoy: EnvoyExtra,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        StackOptions { mode: Mode::Endpoint, workers: 2, plugin: Value::Object(Default::default()), time_scale: 0.2, state: StateToml::default() }
+        StackOptions {
+            mode: Mode::Endpoint,
+            workers: 2,
+            plugin: Value::Object(Default::default()),
+            time_scale: 0.2,
+            state: StateToml::default(),
+            envoy: EnvoyExtra::default(),
+        }
     }
 }
 
@@ -124,7 +133,10 @@ impl Default for StateToml {
 /// The `kvroute-state` config for the sim's `workers` (ids = indexes, events, replay, metrics,
 /// endpoint and cluster names), listening on `state_port`.
 pub fn state_toml(state_port: u16, http_base: u16, zmq_base: u16, workers: usize, extra: &StateToml) -> String {
-    let mut toml = format!("listen = \"127.0.0.1:{state_port}\"\nseed = 7\n{}\n[models.\"{MODEL}\"]\nblock_size = 16\n", extra.top);
+    let mut toml = format!(
+        "listen = \"127.0.0.1:{state_port}\"\nseed = 7\napi_token = \"{API_TOKEN}\"\n{}\n[models.\"{MODEL}\"]\nblock_size = 16\n",
+        extra.top
+    );
     for i in 0..workers as u16 {
         let (http, zmq) = (http_base + i, zmq_base + 2 * i);
         toml.push_str(&format!(
@@ -149,14 +161,12 @@ impl Stack {
         let toml = state_toml(state_port, http_base, zmq_base, opts.workers, &opts.state);
         let state_config = std::env::temp_dir().join(format!("kvroute-e2e-state-{state_port}.toml"));
         std::fs::write(&state_config, toml)?;
-        let envoy = Envoy::start(EnvoyOptions {
-            mode: opts.mode,
-            worker_ports: (0..n).map(|i| http_base + i).collect(),
-            state_port,
-            plugin: opts.plugin,
-        })
+        let envoy = Envoy::start_with(
+            EnvoyOptions { mode: opts.mode, worker_ports: (0..n).map(|i| http_base + i).collect(), state_port, plugin: opts.plugin },
+            opts.envoy,
+        )
         .await?;
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        let client = crate::net::client(Duration::from_secs(60));
         let sims = sims.into_iter().map(Some).collect();
         let mut stack = Stack { sims, state: None, envoy, http_base, zmq_base, time_scale: opts.time_scale, workers: opts.workers, state_port, state_config, client };
         stack.start_state().await?;
@@ -188,6 +198,15 @@ impl Stack {
         if let Some(mut p) = self.state.take() {
             p.kill();
         }
+    }
+
+    /// SIGSTOPs (`freeze = true`) or SIGCONTs the state service: a frozen, not dead, service.
+    pub fn freeze_state(&self, freeze: bool) -> Result<()> {
+        let pid = self.state.as_ref().and_then(Proc::pid).context("no state service running")?;
+        let signal = if freeze { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
+        Ok(())
     }
 
     /// SIGKILLs worker `i`'s process (a vLLM server crashing: connections refused from now on).

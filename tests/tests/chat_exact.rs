@@ -22,7 +22,7 @@
 use anyhow::{bail, Context, Result};
 use kvroute_e2e::envoy::{worker_cluster, Envoy, EnvoyOptions, Mode};
 use kvroute_e2e::llm::{decision_field, header};
-use kvroute_e2e::net::{free_port, free_port_range, wait_for, wait_http_ok};
+use kvroute_e2e::net::{free_port, free_port_range, wait_for, wait_http_ok, API_TOKEN};
 use kvroute_e2e::paths::repo_root;
 use kvroute_e2e::proc::Proc;
 use serde_json::{json, Value};
@@ -83,7 +83,7 @@ impl ChatStack {
         }
         let state_port = free_port();
         let mut toml = format!(
-            "listen = \"127.0.0.1:{state_port}\"\nseed = 7\n\n[tokenization]\nworker_timeout_ms = 3000\n{tokenization}\n\n\
+            "listen = \"127.0.0.1:{state_port}\"\nseed = 7\napi_token = \"{API_TOKEN}\"\n\n[tokenization]\nworker_timeout_ms = 3000\n{tokenization}\n\n\
              [models.\"{MODEL}\"]\nblock_size = {BLOCK}\ntokenizer_dir = {:?}\n",
             state_tokenizer.display().to_string()
         );
@@ -111,7 +111,7 @@ impl ChatStack {
             plugin: json!({}),
         })
         .await?;
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        let client = kvroute_e2e::net::client(Duration::from_secs(60));
         let stack = ChatStack { sim, state, envoy, http_base, state_port, client };
         wait_for("every worker healthy", Duration::from_secs(30), || async {
             let v = stack.state_json("/v1/workers").await.ok()?;

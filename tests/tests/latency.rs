@@ -366,7 +366,7 @@ async fn stat_u64(envoy: &Envoy, regex: &str) -> u64 {
 /// Envoy's RSS and `server.memory_allocated` right after start and after traffic on fresh
 /// connections (spread over the worker threads) with 1k..32k-token prompts of both kinds.
 async fn memory(workers: &[FakeWorker], state_port: u16, wasm: bool, concurrency: u32) -> Result<Mem> {
-    let envoy = start_envoy(workers, state_port, EnvoyExtra { concurrency, wasm, plain_listener: false }).await?;
+    let envoy = start_envoy(workers, state_port, EnvoyExtra { concurrency, wasm, ..EnvoyExtra::default() }).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_idle_kib = envoy.rss_kib().unwrap_or(0);
     let alloc_idle = stat_u64(&envoy, "^server\\.memory_allocated$").await;

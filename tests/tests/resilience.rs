@@ -115,3 +115,45 @@ async fn reports_close_every_assignment_and_calibrate() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// Must-show (issue 12): a pick the proxy gave up on leaves no assignment behind. The state
+/// service is frozen (SIGSTOP) while requests arrive: one whose pick times out in the filter
+/// (it is served by the default route), and one whose client hangs up while its pick is in
+/// flight. Both picks are decided when the service thaws, long after the filter moved on;
+/// the filter cancelled them by the ids it named, and its report batch waited out the freeze.
+#[tokio::test]
+async fn timed_out_and_reset_picks_leave_no_assignment() -> Result<()> {
+    let s = stack(Mode::Endpoint, json!({"pick_timeout_ms": 1500})).await?;
+    let url = s.envoy.url("/v1/completions");
+    s.freeze_state(true)?;
+    let timed_out = s.client.post(&url).json(&completion(MODEL, &tokens(61, 64), 2, false)).send();
+    let hung_up = kvroute_e2e::net::client(Duration::from_millis(500)).post(&url).json(&completion(MODEL, &tokens(62, 64), 2, false)).send();
+    let (timed_out, hung_up) = tokio::join!(timed_out, hung_up);
+    let timed_out = timed_out?;
+    assert_eq!(timed_out.status(), 200, "served by the default route");
+    assert_eq!(header(&timed_out, "x-kvroute-fallback"), "pick_timeout");
+    assert!(hung_up.is_err(), "the client gave up before the pick answered");
+    assert_eq!(s.envoy.counter("kvroute_picks").await?, 2, "both picks were dispatched to the frozen service");
+    s.freeze_state(false)?;
+    // Both cancels delivered (each freed its assignment, or was remembered and discarded the
+    // pick when it came later; a pick whose connection Envoy had closed may never be decided
+    // at all), and nothing left in the table, then or a moment later.
+    let sum = |metrics: &str, prefix: &str| -> f64 {
+        metrics.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    let settled = wait_for("both picks cancelled, no assignment left", Duration::from_secs(10), || async {
+        let metrics = s.client.get(s.state_url("/metrics")).send().await.ok()?.text().await.ok()?;
+        let cancels = sum(&metrics, "kvroute_reports_total{kind=\"cancel\"");
+        let left = s.workers_view().await.ok()?["assignments"].as_u64()?;
+        (cancels >= 2.0 && left == 0).then_some(metrics)
+    })
+    .await;
+    if settled.is_err() {
+        let metrics = s.client.get(s.state_url("/metrics")).send().await?.text().await?;
+        let seen: Vec<&str> = metrics.lines().filter(|l| l.starts_with("kvroute_picks") || l.starts_with("kvroute_reports_total")).collect();
+        panic!("{settled:?}: {seen:?} assignments {}\n{}", s.workers_view().await?["assignments"], s.log_tails());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.workers_view().await?["assignments"], 0, "a late pick left load behind");
+    Ok(())
+}

@@ -89,6 +89,19 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: llm
+          # Client routing headers are removed before route selection and before any filter:
+          # even with the Wasm VM trapped (FAIL_OPEN then skips it) a forged override or
+          # cluster header never reaches the route or the load balancer. The filter strips
+          # them too (any case, every copy), and kvroute's other x-kvroute-* headers.
+          early_header_mutation_extensions:
+          - name: envoy.http.early_header_mutation.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation
+              mutations:
+              - remove: x-gateway-destination-endpoint
+              - remove: x-kvroute-cluster
+              - remove: x-kvroute-fallback
+              - remove: x-kvroute-decision
           stream_idle_timeout: 600s
           route_config:
             virtual_hosts:

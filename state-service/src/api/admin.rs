@@ -1,4 +1,4 @@
-//! Admin endpoints, behind `Authorization: Bearer <admin_token>`.
+//! Admin endpoints (behind the admin-token layer, `auth::admin`).
 
 use super::ApiError;
 use crate::config::WorkerConfig;
@@ -8,31 +8,16 @@ use crate::state::AppState;
 use crate::store::ShareError;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header::AUTHORIZATION, HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-
-/// Constant-time comparison: the token must not leak through response timing.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = state.config.admin_token.as_deref() else { return Err(ApiError::AdminDisabled) };
-    let given = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(given) if same(given.trim().as_bytes(), token.as_bytes()) => Ok(()),
-        _ => Err(ApiError::Unauthorized),
-    }
-}
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON {what}: {e}")))
 }
 
-pub async fn add_worker(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
-    authorize(&state, &headers)?;
+pub async fn add_worker(State(state): State<AppState>, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
     let worker: WorkerConfig = json_body(&body, "worker")?;
     if state.fleet.worker(&worker.id).is_some() {
         return Err(ApiError::Conflict(RegistryError::Duplicate(worker.id).to_string()));
@@ -74,11 +59,9 @@ pub struct RemoveQuery {
 /// shared worker leaves every replica; a config worker only this one.
 pub async fn remove_worker(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     query: Query<RemoveQuery>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    authorize(&state, &headers)?;
     let Some(entry) = state.fleet.worker(&id) else { return Err(ApiError::NotFound(format!("no worker {id:?}"))) };
     if query.force || state.fleet.in_flight(&entry.id) == 0 {
         state.retire(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
@@ -89,8 +72,7 @@ pub async fn remove_worker(
 
 /// `POST /admin/workers/{id}/drain`: no new picks to the worker on any replica; it is removed
 /// once its in-flight requests end (`resilience.drain_timeout_ms` at most).
-pub async fn drain_worker(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
-    authorize(&state, &headers)?;
+pub async fn drain_worker(State(state): State<AppState>, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
     drain_answer(&state, &id)
 }
 
@@ -104,8 +86,7 @@ struct PolicyBody {
     policy: String,
 }
 
-pub async fn set_policy(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers)?;
+pub async fn set_policy(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let body: PolicyBody = json_body(&body, "policy body")?;
     let policy: Policy = body.policy.parse().map_err(|e: crate::score::UnknownPolicy| ApiError::BadRequest(e.to_string()))?;
     let previous = state.set_policy(policy);
@@ -113,8 +94,7 @@ pub async fn set_policy(State(state): State<AppState>, headers: HeaderMap, body:
     Ok(Json(json!({ "policy": policy, "previous": previous })))
 }
 
-pub async fn reset(State(state): State<AppState>, headers: HeaderMap) -> Result<StatusCode, ApiError> {
-    authorize(&state, &headers)?;
+pub async fn reset(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.reset();
     tracing::info!("learned state reset");
     Ok(StatusCode::NO_CONTENT)

@@ -11,8 +11,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
-    #[error("missing or wrong admin token (expected `Authorization: Bearer <token>`)")]
-    Unauthorized,
+    /// Missing or wrong bearer token; names which one.
+    #[error("missing or wrong {0} (expected `Authorization: Bearer <token>`)")]
+    Unauthorized(&'static str),
     #[error("admin API disabled: no admin_token configured")]
     AdminDisabled,
     #[error("{0}")]
@@ -32,7 +33,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::AdminDisabled => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,

@@ -6,12 +6,23 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use crate::assign::AssignmentId;
+use crate::fleet::FleetEvent;
 use kvroute_core::wire::{PickRequest, ReportBatch};
 use std::time::Duration;
 
 /// Decides a pick when a slot is free within `resilience.pick_queue_ms`, else answers 429 at
 /// once: the proxy falls back immediately instead of waiting out its pick timeout.
+///
+/// A pick decided after the proxy's own timeout (`x-kvroute-deadline-ms`, from arrival here) is
+/// cancelled at once: the proxy has routed the request elsewhere already.
 pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let arrived = std::time::Instant::now();
+    let deadline = headers
+        .get(DEADLINE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
     let format = Format::from_headers(&headers)?;
     let queue = Duration::from_millis(state.config.resilience.pick_queue_ms);
     let slot = match state.pick_slots.try_acquire() {
@@ -24,8 +35,15 @@ pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes
     };
     let request: PickRequest = format.decode(&body, "PickRequest")?;
     let response = crate::pick::tokenized::pick(&state, &request).await;
+    if deadline.is_some_and(|d| arrived.elapsed() > d) && response.assignment_id != 0 {
+        state.apply(FleetEvent::Cancelled { id: AssignmentId(response.assignment_id) });
+        state.metrics.picks_abandoned.inc();
+    }
     Ok(format.respond(&response))
 }
+
+/// The proxy's pick timeout, in milliseconds, sent with every pick.
+pub const DEADLINE_HEADER: &str = "x-kvroute-deadline-ms";
 
 pub async fn report(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<StatusCode, ApiError> {
     let format = Format::from_headers(&headers)?;

@@ -1,11 +1,31 @@
 //! The assignment table and its per-worker totals.
+//!
+//! Bounded: at `capacity` an insert frees the oldest assignment (counted). Expiry walks two
+//! age-ordered sets from their oldest end (all assignments; those without a first token), so
+//! a sweep costs what it frees, never a scan of the table under the lock every pick takes.
+//! Cancels of ids it does not know are remembered for the first-token TTL (bounded too): the
+//! proxy cancels a pick it gave up on by the id it named, and that cancel may arrive before
+//! the pick itself (a frozen or overloaded service); the pick is then discarded.
 
 use super::{Assignment, AssignmentId, ReportOutcome};
 use crate::hasher::SeededState;
 use crate::types::WorkerId;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// Most remembered early cancels.
+const MAX_TOMBSTONES: usize = 65_536;
+
+/// What [`Assignments::insert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Insert {
+    Inserted,
+    /// The id is in the table already (a replicated pick seen twice, or a collision).
+    Known,
+    /// The proxy cancelled this id before the pick was recorded: discard the pick.
+    Cancelled,
+}
 
 /// Our unfinished work on one worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,11 +58,55 @@ pub struct Assignments {
     per_worker: HashMap<WorkerId, Pending, SeededState>,
     /// Per worker, the cached parts of its in-flight assignments (a multiset: tokens -> count).
     cached: HashMap<WorkerId, std::collections::BTreeMap<u32, u32>, SeededState>,
+    /// Every assignment, oldest first; and those still without a first token.
+    by_age: BTreeSet<(Instant, AssignmentId)>,
+    waiting_by_age: BTreeSet<(Instant, AssignmentId)>,
+    capacity: usize,
+    /// Assignments freed to make room (the table was full).
+    evicted: u64,
+    /// Early cancels: ids cancelled before their pick was recorded, and when.
+    tombstones: HashMap<AssignmentId, Instant, SeededState>,
+    tombstone_order: VecDeque<(Instant, AssignmentId)>,
 }
 
 impl Assignments {
     pub fn new(ttl: Duration, first_token_ttl: Duration) -> Self {
-        Assignments { ttl, first_token_ttl, by_id: HashMap::default(), per_worker: HashMap::default(), cached: HashMap::default() }
+        Assignments::with_capacity(ttl, first_token_ttl, usize::MAX)
+    }
+
+    /// A table that frees its oldest assignment past `capacity` entries.
+    pub fn with_capacity(ttl: Duration, first_token_ttl: Duration, capacity: usize) -> Self {
+        Assignments {
+            ttl,
+            first_token_ttl,
+            by_id: HashMap::default(),
+            per_worker: HashMap::default(),
+            cached: HashMap::default(),
+            by_age: BTreeSet::new(),
+            waiting_by_age: BTreeSet::new(),
+            capacity: capacity.max(1),
+            evicted: 0,
+            tombstones: HashMap::default(),
+            tombstone_order: VecDeque::new(),
+        }
+    }
+
+    /// Assignments freed so far because the table was full.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The proxy cancelled `id`, which is not in the table: remember it, so the pick it names
+    /// is discarded if it is recorded later.
+    pub fn remember_cancel(&mut self, id: AssignmentId, now: Instant) {
+        if self.tombstones.insert(id, now).is_none() {
+            self.tombstone_order.push_back((now, id));
+        }
+        while self.tombstone_order.len() > MAX_TOMBSTONES {
+            if let Some((_, old)) = self.tombstone_order.pop_front() {
+                self.tombstones.remove(&old);
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -71,10 +135,25 @@ impl Assignments {
         self.by_id.values()
     }
 
-    /// Inserts `a` unless its id is known (a replicated pick seen twice, or an id collision:
-    /// the pick draws another); returns whether it was inserted.
-    pub fn insert(&mut self, a: Assignment) -> bool {
-        let std::collections::hash_map::Entry::Vacant(slot) = self.by_id.entry(a.id) else { return false };
+    /// Inserts `a` unless its id is known or was cancelled already; at capacity the oldest
+    /// assignment is freed first.
+    pub fn insert(&mut self, a: Assignment) -> Insert {
+        if self.by_id.contains_key(&a.id) {
+            return Insert::Known;
+        }
+        if self.tombstones.remove(&a.id).is_some() {
+            return Insert::Cancelled;
+        }
+        while self.by_id.len() >= self.capacity {
+            let Some(&(_, oldest)) = self.by_age.first() else { break };
+            self.remove(oldest);
+            self.evicted += 1;
+        }
+        self.by_age.insert((a.created_at, a.id));
+        if a.first_token_at.is_none() {
+            self.waiting_by_age.insert((a.created_at, a.id));
+        }
+        let std::collections::hash_map::Entry::Vacant(slot) = self.by_id.entry(a.id) else { return Insert::Known };
         *self.cached.entry(a.worker.clone()).or_default().entry(a.prompt_tokens.saturating_sub(a.uncached_tokens)).or_insert(0) += 1;
         let p = self.per_worker.entry(a.worker.clone()).or_default();
         p.in_flight += 1;
@@ -84,7 +163,16 @@ impl Assignments {
             p.waiting_tokens += u64::from(a.uncached_tokens);
         }
         slot.insert(a);
-        true
+        Insert::Inserted
+    }
+
+    /// Removes one assignment and its totals.
+    fn remove(&mut self, id: AssignmentId) -> Option<Assignment> {
+        let a = self.by_id.remove(&id)?;
+        self.by_age.remove(&(a.created_at, id));
+        self.waiting_by_age.remove(&(a.created_at, id));
+        self.untrack(&a);
+        Some(a)
     }
 
     pub fn first_token(&mut self, id: AssignmentId, now: Instant) -> ReportOutcome {
@@ -94,6 +182,7 @@ impl Assignments {
         }
         a.first_token_at = Some(now);
         let a = a.clone();
+        self.waiting_by_age.remove(&(a.created_at, id));
         if let Some(p) = self.per_worker.get_mut(&a.worker) {
             p.waiting = p.waiting.saturating_sub(1);
             p.waiting_tokens = p.waiting_tokens.saturating_sub(u64::from(a.uncached_tokens));
@@ -103,37 +192,33 @@ impl Assignments {
 
     /// COMPLETE or CANCEL.
     pub fn finish(&mut self, id: AssignmentId) -> ReportOutcome {
-        match self.by_id.remove(&id) {
-            Some(a) => {
-                self.untrack(&a);
-                ReportOutcome::Freed(a)
-            }
+        match self.remove(id) {
+            Some(a) => ReportOutcome::Freed(a),
             None => ReportOutcome::Unknown,
         }
     }
 
-    /// Frees every assignment whose TTL ran out at `now`.
+    /// Frees every assignment whose TTL ran out at `now`, oldest first, and forgets early
+    /// cancels older than the first-token TTL.
     pub fn expire(&mut self, now: Instant) -> Expired {
         let mut out = Expired::default();
-        let (ttl, ft_ttl) = (self.ttl, self.first_token_ttl);
-        let dead: Vec<(AssignmentId, bool)> = self
-            .by_id
-            .values()
-            .filter_map(|a| {
-                let age = now.saturating_duration_since(a.created_at);
-                let no_first_token = a.first_token_at.is_none() && age >= ft_ttl;
-                (no_first_token || age >= ttl).then_some((a.id, no_first_token))
-            })
-            .collect();
-        for (id, no_first_token) in dead {
-            if let Some(a) = self.by_id.remove(&id) {
-                self.untrack(&a);
+        let due = |set: &BTreeSet<(Instant, AssignmentId)>, ttl: Duration| {
+            set.first().filter(|(t, _)| now.saturating_duration_since(*t) >= ttl).map(|(_, id)| *id)
+        };
+        while let Some(id) = due(&self.waiting_by_age, self.first_token_ttl) {
+            self.remove(id);
+            out.first_token += 1;
+        }
+        while let Some(id) = due(&self.by_age, self.ttl) {
+            self.remove(id);
+            out.complete += 1;
+        }
+        while let Some(&(t, id)) = self.tombstone_order.front() {
+            if now.saturating_duration_since(t) < self.first_token_ttl {
+                break;
             }
-            if no_first_token {
-                out.first_token += 1;
-            } else {
-                out.complete += 1;
-            }
+            self.tombstone_order.pop_front();
+            self.tombstones.remove(&id);
         }
         out
     }
@@ -144,14 +229,17 @@ impl Assignments {
         self.by_id.clear();
         self.per_worker.clear();
         self.cached.clear();
+        self.by_age.clear();
+        self.waiting_by_age.clear();
         n
     }
 
     /// Drops the assignments of a removed worker.
     pub fn forget_worker(&mut self, worker: &WorkerId) {
-        self.by_id.retain(|_, a| &a.worker != worker);
-        self.per_worker.remove(worker);
-        self.cached.remove(worker);
+        let ids: Vec<AssignmentId> = self.by_id.values().filter(|a| &a.worker == worker).map(|a| a.id).collect();
+        for id in ids {
+            self.remove(id);
+        }
     }
 
     fn untrack(&mut self, a: &Assignment) {
@@ -210,7 +298,7 @@ mod tests {
         let now = Instant::now();
         let w = WorkerId::new("w");
         t.insert(assignment(1, "w", 100, now));
-        t.insert(assignment(2, "w", 50, now));
+        t.insert(assignment(2, "w", 50, now + Duration::from_millis(1)));
         assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 2, waiting_tokens: 150, in_flight_tokens: 150, max_cached_tokens: 0 });
         assert!(matches!(t.first_token(AssignmentId(1), now), ReportOutcome::FirstToken(_)));
         assert_eq!(t.first_token(AssignmentId(1), now), ReportOutcome::Duplicate);
@@ -236,5 +324,24 @@ mod tests {
         assert_eq!(t.expire(Instant::now()), Expired { first_token: 0, complete: 1 });
         assert!(t.is_empty());
         assert_eq!(t.pending(&WorkerId::new("w")), Pending::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_table_frees_its_oldest_and_early_cancels_discard_their_pick() {
+        let mut t = Assignments::with_capacity(Duration::from_secs(600), Duration::from_secs(60), 2);
+        let start = Instant::now();
+        for id in 1..=3 {
+            assert_eq!(t.insert(assignment(id, "w", 10, start + Duration::from_millis(id))), Insert::Inserted);
+        }
+        assert_eq!((t.len(), t.evicted(), t.contains(AssignmentId(1))), (2, 1, false), "the oldest went");
+        assert_eq!(t.pending(&WorkerId::new("w")).in_flight, 2);
+        assert_eq!(t.insert(assignment(3, "w", 10, start)), Insert::Known);
+        t.remember_cancel(AssignmentId(9), start);
+        assert_eq!(t.insert(assignment(9, "w", 10, start)), Insert::Cancelled);
+        assert_eq!(t.insert(assignment(9, "w", 10, start)), Insert::Inserted, "a cancel discards one pick");
+        t.remember_cancel(AssignmentId(10), start);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        t.expire(Instant::now());
+        assert_eq!(t.insert(assignment(10, "w", 10, Instant::now())), Insert::Inserted, "early cancels are forgotten after the TTL");
     }
 }

@@ -16,6 +16,14 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Bearer token for `/admin/*`. Without one the admin API is disabled (403).
     pub admin_token: Option<String>,
+    /// File holding the admin token (read at start, trimmed); instead of `admin_token`.
+    pub admin_token_file: Option<PathBuf>,
+    /// Bearer token the proxy (the filter's `state_token`) must send on `/v1/*`: pick, report
+    /// and the read views. At least 32 characters. Without one the API is open (logged).
+    /// Env `KVROUTE_API_TOKEN` overrides it.
+    pub api_token: Option<String>,
+    /// File holding the API token (read at start, trimmed); instead of `api_token`.
+    pub api_token_file: Option<PathBuf>,
     pub policy: Policy,
     /// Seeds tie-breaking and assignment ids (tests, reproducible benchmarks).
     pub seed: Option<u64>,
@@ -50,6 +58,9 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
             admin_token: None,
+            admin_token_file: None,
+            api_token: None,
+            api_token_file: None,
             policy: Policy::Kvroute,
             seed: None,
             text_chunk_bytes: kvroute_core::keys::DEFAULT_TEXT_CHUNK_BYTES as u32,
@@ -83,11 +94,13 @@ pub struct Resilience {
     pub pick_queue_ms: u64,
     /// A draining worker is removed when its last in-flight request ends, or after this.
     pub drain_timeout_ms: u64,
+    /// Most assignments held; past it the oldest is freed (`kvroute_assignments_evicted_total`).
+    pub max_assignments: usize,
 }
 
 impl Default for Resilience {
     fn default() -> Self {
-        Resilience { fallback_workers: 2, max_concurrent_picks: 256, pick_queue_ms: 20, drain_timeout_ms: 120_000 }
+        Resilience { fallback_workers: 2, max_concurrent_picks: 256, pick_queue_ms: 20, drain_timeout_ms: 120_000, max_assignments: 200_000 }
     }
 }
 

@@ -39,6 +39,7 @@ impl Config {
     }
 
     fn validate_globals(&self) -> Result<(), ConfigError> {
+        const MIN_API_TOKEN_LEN: usize = 32;
         let t = &self.timeouts;
         for (name, v) in [
             ("timeouts.scrape_interval_ms", t.scrape_interval_ms),
@@ -68,11 +69,23 @@ impl Config {
         if r.max_concurrent_picks == 0 {
             return Err(invalid("resilience.max_concurrent_picks", "must be > 0"));
         }
+        if r.max_assignments == 0 {
+            return Err(invalid("resilience.max_assignments", "must be > 0"));
+        }
         if r.drain_timeout_ms == 0 {
             return Err(invalid("resilience.drain_timeout_ms", "must be > 0"));
         }
         if matches!(&self.admin_token, Some(t) if t.is_empty()) {
             return Err(invalid("admin_token", "must not be empty (omit it to disable the admin API)"));
+        }
+        if matches!(&self.api_token, Some(t) if t.len() < MIN_API_TOKEN_LEN || !t.bytes().all(|b| b.is_ascii_graphic())) {
+            return Err(invalid("api_token", "must be at least 32 printable characters (the filter's state_token)"));
+        }
+        if self.api_token.is_some() && self.api_token_file.is_some() {
+            return Err(invalid("api_token_file", "set api_token or api_token_file, not both"));
+        }
+        if self.admin_token.is_some() && self.admin_token_file.is_some() {
+            return Err(invalid("admin_token_file", "set admin_token or admin_token_file, not both"));
         }
         let p = &self.priors;
         check_cost("priors.per_token_ms", p.per_token_ms)?;

@@ -111,6 +111,14 @@ impl FleetCollector {
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let workers = self.0.workers();
+        let evicted = self.0.assignments().evicted();
+        let m = encoder.encode_descriptor(
+            "assignments_evicted",
+            "Assignments freed because the table was full (resilience.max_assignments)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(evicted).encode(m)?;
         self.encode_workers(&mut encoder, &workers)?;
         self.encode_engines(&mut encoder, &workers)
     }

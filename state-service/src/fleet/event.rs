@@ -55,6 +55,8 @@ pub enum Applied {
     Marked(Arc<WorkerEntry>),
     /// Already applied (a repeated report, a replicated assignment known here).
     Duplicate,
+    /// The pick's id was cancelled before it was recorded: nothing was.
+    Abandoned,
     /// Nothing to apply it to: an unknown or already-freed assignment, an unknown worker.
     Unknown,
     /// The worker was not registered.
