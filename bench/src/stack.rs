@@ -47,6 +47,9 @@ pub struct StackConfig {
     /// The sims' wall-clock multiplier (0.25 = four times faster than the GPU profile).
     pub time_scale: f64,
     pub admin_token: String,
+    /// The state API's credential: the state service's `KVROUTE_API_TOKEN` and the filter's
+    /// `KVROUTE_STATE_TOKEN` (environment only).
+    pub api_token: String,
     pub tokenizer_dir: Option<PathBuf>,
     /// Extra flags for `kvroute-sim` (e.g. `--num-gpu-blocks 3000`).
     pub sim_args: Vec<String>,
@@ -88,13 +91,13 @@ impl Stack {
         std::fs::write(&envoy_yaml, config::envoy_yaml(&cfg)).map_err(|e| io(e, &envoy_yaml))?;
 
         let mut stack = Stack { config: cfg.clone(), children: Vec::new() };
-        let sim = Managed::spawn("sim", &cfg.sim_bin, &config::sim_args(&cfg), &cfg.work_dir)?;
+        let sim = Managed::spawn("sim", &cfg.sim_bin, &config::sim_args(&cfg), &cfg.work_dir, &[])?;
         stack.children.insert(0, sim);
         for url in stack.worker_urls() {
             wait_http(&format!("{url}/health"), Duration::from_secs(30), &mut stack.children).await?;
         }
         let state_args = vec!["--config".to_string(), state_toml.display().to_string()];
-        let state = Managed::spawn("state", &cfg.state_bin, &state_args, &cfg.work_dir)?;
+        let state = Managed::spawn("state", &cfg.state_bin, &state_args, &cfg.work_dir, &[("KVROUTE_API_TOKEN", &cfg.api_token)])?;
         stack.children.insert(0, state);
         wait_http(&format!("{}/readyz", stack.state_url()), Duration::from_secs(30), &mut stack.children).await?;
         let envoy_args: Vec<String> = [
@@ -104,7 +107,7 @@ impl Stack {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let envoy = Managed::spawn("envoy", &cfg.envoy_bin, &envoy_args, &cfg.work_dir)?;
+        let envoy = Managed::spawn("envoy", &cfg.envoy_bin, &envoy_args, &cfg.work_dir, &[("KVROUTE_STATE_TOKEN", &cfg.api_token)])?;
         stack.children.insert(0, envoy);
         let ready = format!("http://127.0.0.1:{}/ready", cfg.ports.envoy_admin);
         wait_http(&ready, Duration::from_secs(60), &mut stack.children).await?;

@@ -77,6 +77,7 @@ async fn start(args: &StackArgs) -> Result<Stack> {
         model: args.workload.model.clone(),
         time_scale: args.time_scale,
         admin_token: format!("bench-{}", std::process::id()),
+        api_token: random_token(),
         tokenizer_dir: args.tokenizer_dir.as_ref().map(abs).transpose()?,
         sim_args: args.sim_arg.clone(),
         work_dir: abs(&args.compare.out.join("stack"))?,
@@ -144,4 +145,12 @@ pub async fn run(args: StackArgs) -> Result<()> {
         println!("wrote {p}");
     }
     Ok(())
+}
+
+/// A fresh 64-hex-digit credential for one stack run.
+fn random_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

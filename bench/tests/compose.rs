@@ -32,6 +32,7 @@ fn container_cfg() -> StackConfig {
         model: "kvroute/sim-27b-fp8".into(),
         time_scale: 0.25,
         admin_token: "compose-demo".into(),
+        api_token: String::new(),
         tokenizer_dir: None,
         sim_args: vec![],
         work_dir: "/tmp".into(),

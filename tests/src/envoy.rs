@@ -146,7 +146,8 @@ impl Envoy {
             // Loaded CI machines: a 50 ms budget would make routing assertions flaky.
             "pick_timeout_ms": 2000,
             "report_flush_ms": 50,
-            "state_token": crate::net::API_TOKEN,
+            // From Envoy's environment (vm_config.environment_variables), as operators should.
+            "state_token_env": "KVROUTE_STATE_TOKEN",
             // The tests read the decision's details; off by default, and only for trusted peers.
             "decision_header": true,
             "trusted_sources": ["127.0.0.1/32"],
@@ -202,7 +203,7 @@ impl Envoy {
             "--log-level".into(),
             "info".into(),
         ];
-        let mut proc = Proc::spawn("envoy", &paths::envoy()?, &args)?;
+        let mut proc = Proc::spawn_env("envoy", &paths::envoy()?, &args, &[("KVROUTE_STATE_TOKEN", crate::net::API_TOKEN)])?;
         let ready = format!("http://127.0.0.1:{admin_port}/ready");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         // Envoy exits at once on a rejected config: report that instead of waiting it out.

@@ -15,11 +15,17 @@ pub struct Proc {
 impl Proc {
     /// Starts `program args..`, stdout and stderr appended to a fresh log file.
     pub fn spawn(name: &str, program: &Path, args: &[String]) -> Result<Proc> {
+        Proc::spawn_env(name, program, args, &[])
+    }
+
+    /// [`Proc::spawn`] with extra environment variables.
+    pub fn spawn_env(name: &str, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<Proc> {
         let log = std::env::temp_dir().join(format!("kvroute-e2e-{}-{}-{}.log", name, std::process::id(), unique()));
         let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))

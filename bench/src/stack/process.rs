@@ -15,13 +15,15 @@ pub struct Managed {
 }
 
 impl Managed {
-    pub fn spawn(name: &str, bin: &Path, args: &[String], work_dir: &Path) -> Result<Managed, BenchError> {
+    /// Starts `bin args..` in its own process group with `env` added to its environment (how
+    /// credentials reach it: never argv, never a config file).
+    pub fn spawn(name: &str, bin: &Path, args: &[String], work_dir: &Path, env: &[(&str, &str)]) -> Result<Managed, BenchError> {
         let log = work_dir.join(format!("{name}.log"));
         let io = |e: std::io::Error, p: &Path| BenchError::Io { path: p.to_path_buf(), source: e };
         let out = std::fs::File::create(&log).map_err(|e| io(e, &log))?;
         let err = out.try_clone().map_err(|e| io(e, &log))?;
         let mut cmd = Command::new(bin);
-        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        cmd.args(args).envs(env.iter().copied()).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
         // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
         unsafe {
             cmd.pre_exec(|| {
@@ -85,7 +87,7 @@ mod tests {
         // A shell that forks a grandchild and waits: both must be gone after stop().
         let pid_file = dir.join("grandchild.pid");
         let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
-        let mut m = Managed::spawn("sh", Path::new("/bin/sh"), &["-c".to_string(), script], &dir).unwrap();
+        let mut m = Managed::spawn("sh", Path::new("/bin/sh"), &["-c".to_string(), script], &dir, &[]).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pid_file.exists() || std::fs::read_to_string(&pid_file).unwrap().trim().is_empty() {
             assert!(Instant::now() < deadline, "grandchild never started");
