@@ -15,10 +15,12 @@
 //! - [`control`]: the stack's admin surface (policy switch, resets, metrics scrapes).
 //! - [`compare`]: one pass per policy (and rate), with resets in between.
 //! - [`stack`]: starts and stops the whole stack on loopback ports.
+//! - [`chaos`]: failure scenarios injected into a started stack, and what each cost.
 //!
 //! Everything only ever talks to loopback addresses ([`target::ensure_loopback`]).
 
 pub mod bounds;
+pub mod chaos;
 pub mod client;
 pub mod compare;
 pub mod control;

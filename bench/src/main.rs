@@ -1,6 +1,7 @@
 //! `kvroute-bench`: compare routing policies on a kvroute stack (see bench/README.md).
 //! Thin: parse flags, build the workload, start or attach to the stack, run, write results.
 
+mod chaos_cmd;
 mod cli;
 mod output;
 mod stack_cmd;
@@ -20,6 +21,9 @@ struct Cli {
 enum Cmd {
     /// Start the whole stack on loopback (or --attach to a running one) and compare policies.
     Stack(Box<stack_cmd::StackArgs>),
+    /// Inject each failure (state replica killed / frozen, worker killed / drained, Redis shard
+    /// killed) into a started stack under bounded load; print what each cost.
+    Chaos(Box<chaos_cmd::ChaosArgs>),
     /// Write a Mooncake-format trace: --shape synthetic (the shipped sample) or production.
     GenTrace(Box<cli::GenTraceArgs>),
     /// Print a workload's reuse bounds (infinite cache, oracle with the fleet's KV) without a stack.
@@ -38,6 +42,10 @@ fn main() -> Result<()> {
         Cmd::Stack(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(stack_cmd::run(*args))
+        }
+        Cmd::Chaos(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(chaos_cmd::run(*args))
         }
         Cmd::GenTrace(args) => args.run(),
         Cmd::Bounds(args) => args.run(),

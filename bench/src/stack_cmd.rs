@@ -36,6 +36,13 @@ pub struct StackArgs {
     #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
     #[serde(skip)]
     pub admin_token: Option<String>,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
+}
+
+/// What to start: workers, ports, binaries, the state service's topology.
+#[derive(Args, Debug, Clone, serde::Serialize)]
+pub struct LaunchArgs {
     /// Simulated workers to start.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
@@ -60,34 +67,72 @@ pub struct StackArgs {
     /// Extra kvroute-sim flag, repeatable: --sim-arg=--num-gpu-blocks --sim-arg=3000.
     #[arg(long, allow_hyphen_values = true)]
     pub sim_arg: Vec<String>,
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+}
+
+impl LaunchArgs {
+    /// The stack these flags describe, serving `model`, its configs and logs in `work_dir`.
+    pub fn config(&self, model: &str, work_dir: &std::path::Path) -> Result<StackConfig> {
+        if self.workers == 0 || !(self.time_scale > 0.0) {
+            bail!("--workers must be > 0 and --time-scale > 0");
+        }
+        Ok(StackConfig {
+            sim_bin: abs(&self.bin_dir.join("kvroute-sim"))?,
+            state_bin: abs(&self.bin_dir.join("kvroute-state"))?,
+            envoy_bin: abs(&self.envoy)?,
+            wasm: abs(&self.wasm)?,
+            workers: self.workers,
+            ports: Ports::from_base(self.port_base),
+            model: model.to_string(),
+            time_scale: self.time_scale,
+            admin_token: format!("bench-{}", std::process::id()),
+            api_token: random_token(),
+            tokenizer_dir: self.tokenizer_dir.as_ref().map(abs).transpose()?,
+            sim_args: self.sim_arg.clone(),
+            work_dir: abs(&work_dir.to_path_buf())?,
+            replicas: self.topology.replicas,
+            redis_shards: self.topology.redis_shards,
+            redis_bin: resolve_bin(&self.topology.redis_bin)?,
+        })
+    }
+}
+
+/// The state service's topology: one replica on the in-memory store (default), or the
+/// production one, several replicas on sharded Redis behind Envoy's `kvroute_state` cluster.
+#[derive(Args, Debug, Clone, serde::Serialize)]
+pub struct TopologyArgs {
+    /// State service replicas (more than one needs --redis-shards).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Redis shards to start (`redis-server` processes on BASE+300..); 0 = in-memory store.
+    #[arg(long, default_value_t = 0)]
+    pub redis_shards: usize,
+    #[arg(long, env = "REDIS_SERVER", default_value = "redis-server")]
+    pub redis_bin: PathBuf,
 }
 
 fn abs(p: &PathBuf) -> Result<PathBuf> {
     Ok(if p.is_absolute() { p.clone() } else { std::env::current_dir()?.join(p) })
 }
 
+fn resolve_bin(p: &PathBuf) -> Result<PathBuf> {
+    if p.components().count() == 1 {
+        if let Some(found) = std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_file())) {
+            return Ok(found);
+        }
+    }
+    abs(p)
+}
+
 async fn start(args: &StackArgs) -> Result<Stack> {
-    let cfg = StackConfig {
-        sim_bin: abs(&args.bin_dir.join("kvroute-sim"))?,
-        state_bin: abs(&args.bin_dir.join("kvroute-state"))?,
-        envoy_bin: abs(&args.envoy)?,
-        wasm: abs(&args.wasm)?,
-        workers: args.workers,
-        ports: Ports::from_base(args.port_base),
-        model: args.workload.model.clone(),
-        time_scale: args.time_scale,
-        admin_token: format!("bench-{}", std::process::id()),
-        api_token: random_token(),
-        tokenizer_dir: args.tokenizer_dir.as_ref().map(abs).transpose()?,
-        sim_args: args.sim_arg.clone(),
-        work_dir: abs(&args.compare.out.join("stack"))?,
-    };
+    let cfg = args.launch.config(&args.workload.model, &args.compare.out.join("stack"))?;
     eprintln!("starting {} workers, the state service and Envoy (logs in {})", cfg.workers, cfg.work_dir.display());
     Ok(Stack::start(cfg).await?)
 }
 
 pub async fn run(args: StackArgs) -> Result<()> {
-    if args.workers == 0 || !(args.time_scale > 0.0) {
+    if args.launch.workers == 0 || !(args.launch.time_scale > 0.0) {
         bail!("--workers must be > 0 and --time-scale > 0");
     }
     let workload = args.workload.build().context("building the workload")?;
@@ -109,12 +154,12 @@ pub async fn run(args: StackArgs) -> Result<()> {
         stack = Some(s);
         (url, c)
     };
-    let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed, args.time_scale)?;
+    let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed, args.launch.time_scale)?;
     let params = serde_json::to_value(&args)?;
     // The oracle bound's capacity: what the workers report, else the flags they got.
-    let n_workers = if args.attach { args.worker_url.len() } else { args.workers };
+    let n_workers = if args.attach { args.worker_url.len() } else { args.launch.workers };
     let metrics = control.worker_metrics().await;
-    let capacity = args.capacity.resolve(n_workers, &args.sim_arg, metrics.as_deref());
+    let capacity = args.capacity.resolve(n_workers, &args.launch.sim_arg, metrics.as_deref());
     let reuse_bounds = bounds::of_workload(&workload, args.workload.seed, capacity);
     eprintln!("{}", reuse_bounds.summary());
     let pct = |v: Option<f64>| v.map_or("n/a".into(), |h| format!("{:.1}%", h * 100.0));

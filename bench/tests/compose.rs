@@ -36,6 +36,10 @@ fn container_cfg() -> StackConfig {
         tokenizer_dir: None,
         sim_args: vec![],
         work_dir: "/tmp".into(),
+        // The production topology: two replicas on three Redis shards.
+        replicas: 2,
+        redis_shards: 3,
+        redis_bin: "redis-server".into(),
     }
 }
 
@@ -48,7 +52,7 @@ fn services_share_one_loopback_namespace() {
     let c = compose();
     let services = c["services"].as_mapping().unwrap();
     let names: Vec<&str> = services.keys().filter_map(|k| k.as_str()).collect();
-    for want in ["redis", "state", "envoy", "demo", "sim-0", "sim-1", "sim-2", "sim-3"] {
+    for want in ["redis", "redis-1", "redis-2", "state", "state-1", "envoy", "demo", "sim-0", "sim-1", "sim-2", "sim-3"] {
         assert!(names.contains(&want), "missing service {want}");
     }
     for (name, s) in services {
@@ -60,6 +64,10 @@ fn services_share_one_loopback_namespace() {
     let ports = strs(&c["services"]["redis"]["ports"]);
     for p in ["10000", "10002"] {
         assert!(ports.iter().any(|x| x.starts_with("127.0.0.1:") && x.ends_with(&format!(":{p}"))), "port {p}");
+    }
+    for (i, service) in ["redis", "redis-1", "redis-2"].iter().enumerate() {
+        let cmd = strs(&c["services"][*service]["command"]).join(" ");
+        assert!(cmd.contains(&format!("--port {}", 10300 + i)), "{service}: {cmd}");
     }
     for i in 0..4 {
         let cmd = strs(&c["services"][format!("sim-{i}").as_str()]["command"]).join(" ");
@@ -89,6 +97,7 @@ fn mounted_and_built_files_exist() {
     }
     assert_eq!(strs(&c["services"]["envoy"]["volumes"]), ["./docker/envoy.yaml:/etc/envoy/envoy.yaml:ro"]);
     assert_eq!(strs(&c["services"]["state"]["volumes"]), ["./docker/state.toml:/etc/kvroute/state.toml:ro"]);
+    assert_eq!(strs(&c["services"]["state-1"]["volumes"]), ["./docker/state-1.toml:/etc/kvroute/state.toml:ro"]);
     let envoy_df = std::fs::read_to_string(root().join("docker/envoy.Dockerfile")).unwrap();
     assert!(envoy_df.contains("/etc/envoy/kvroute_filter.wasm"));
     assert!(envoy_df.contains("envoyproxy/envoy:v1.40"));
@@ -97,15 +106,20 @@ fn mounted_and_built_files_exist() {
 #[test]
 fn docker_configs_match_the_generator() {
     let cfg = container_cfg();
-    let (envoy, state) = (envoy_yaml(&cfg), state_toml(&cfg));
-    let (envoy_path, state_path) = (root().join("docker/envoy.yaml"), root().join("docker/state.toml"));
+    let (envoy, state, state1) = (envoy_yaml(&cfg), state_toml(&cfg, 0), state_toml(&cfg, 1));
+    let envoy_path = root().join("docker/envoy.yaml");
+    let (state_path, state1_path) = (root().join("docker/state.toml"), root().join("docker/state-1.toml"));
     if std::env::var("KVROUTE_BLESS").is_ok() {
         std::fs::write(&envoy_path, &envoy).unwrap();
         std::fs::write(&state_path, &state).unwrap();
+        std::fs::write(&state1_path, &state1).unwrap();
     }
     let on_disk = std::fs::read_to_string(&envoy_path).unwrap();
     assert_eq!(on_disk, envoy, "docker/envoy.yaml is stale: rerun with KVROUTE_BLESS=1");
     assert_eq!(std::fs::read_to_string(&state_path).unwrap(), state, "docker/state.toml is stale");
+    assert_eq!(std::fs::read_to_string(&state1_path).unwrap(), state1, "docker/state-1.toml is stale");
+    assert!(state.contains("store = \"redis\"") && state1.contains("listen = \"127.0.0.1:10051\""));
+    assert!(on_disk.contains("port_value: 10002") && on_disk.contains("port_value: 10051"), "both replicas behind kvroute_state");
     // What a reader checks by eye: the wasm path and the state-service cluster.
     let y: Value = serde_yaml::from_str(&on_disk).unwrap();
     let clusters = &y["static_resources"]["clusters"];

@@ -15,6 +15,7 @@
 
 pub mod keys;
 pub mod request;
+pub mod targets;
 mod wire_json;
 
 /// Generated from `proto/kvroute.proto`: the filter <-> state service contract.

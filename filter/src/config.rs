@@ -4,6 +4,7 @@
 //! config should stop the plugin from loading (Envoy logs why) rather than silently do nothing.
 
 use kvroute_core::request::Api;
+use kvroute_core::targets;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -144,22 +145,6 @@ pub fn peer_ip(address: &str) -> Option<IpAddr> {
     address.parse::<SocketAddr>().map(|a| a.ip()).ok().or_else(|| address.parse().ok())
 }
 
-/// A target pattern: exact, or with `*` standing for any run of characters
-/// (`10.1.0.*:8000`, `vllm_*`).
-pub fn target_matches(pattern: &str, target: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = target.strip_prefix(first) else { return false };
-    let tail: Vec<&str> = parts.collect();
-    let Some((last, middle)) = tail.split_last() else { return rest.is_empty() };
-    for part in middle {
-        match rest.find(part) {
-            Some(i) => rest = rest.get(i + part.len()..).unwrap_or_default(),
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
-}
 
 /// Validated configuration, shared (read-only) by every HTTP context of a VM.
 #[derive(Clone, Debug, PartialEq)]
@@ -282,7 +267,7 @@ impl Config {
             .iter()
             .map(|c| Cidr::parse(c).ok_or_else(|| ConfigError::BadCidr(c.clone())))
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(p) = raw.allowed_targets.iter().find(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_graphic())) {
+        if let Some(p) = raw.allowed_targets.iter().find(|p| !targets::valid_pattern(p)) {
             return Err(ConfigError::BadTarget(p.clone()));
         }
         let state_token = match (&raw.state_token, &raw.state_token_env) {
@@ -339,7 +324,7 @@ impl Config {
 
     /// Whether the filter may route to `target`.
     pub fn allows(&self, target: &str) -> bool {
-        self.allowed_targets.is_empty() || self.allowed_targets.iter().any(|p| target_matches(p, target))
+        targets::allowed(&self.allowed_targets, target)
     }
 
     /// The block size for `model`: its override, else the default.
@@ -402,7 +387,6 @@ mod tests {
         assert!(c.allows("10.1.0.5:8000") && c.allows("vllm_gpu_0") && c.allows("exact:1"));
         assert!(!c.allows("10.1.0.5:9000") && !c.allows("evil.example:8000") && !c.allows("exact:12") && !c.allows("x_vllm_1"));
         assert!(Config::parse(br#"{"state_cluster":"s"}"#).unwrap().allows("anything:1"), "no list: any target");
-        assert!(target_matches("*", "x") && target_matches("a*b*c", "aXbYc") && !target_matches("a*b*c", "aXbY"));
         assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
 
         let token = "t".repeat(32);

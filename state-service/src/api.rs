@@ -40,8 +40,10 @@ use axum::middleware;
 use axum::routing::{delete, get, post};
 use axum::Router;
 
-/// Pick bodies carry whole chat prompts; long contexts exceed axum's 2 MiB default.
-const BODY_LIMIT: usize = 32 * 1024 * 1024;
+/// Pick bodies carry whole chat prompts (the filter inspects bodies up to 4 MiB by default,
+/// `max_body_bytes`) plus their keys; axum's 2 MiB default is too small, and anything much
+/// larger than a real prompt is refused (413) before it is read.
+const BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 pub fn app(state: AppState) -> Router {
     if state.config.api_token.is_none() {

@@ -9,7 +9,9 @@
 //!    enter;
 //! 3. a Redis shard killed under a stream of requests through both Envoys fails none of them:
 //!    picks are marked `degraded=state_unavailable` (and counted), and once the shard is back
-//!    the replicas recover.
+//!    the replicas recover;
+//! 4. (issue 13) a worker failure reported through one Envoy stops picks to that worker on the
+//!    other replica too, until the worker answers its probe again.
 //!
 //! Determinism of (1). The replicas' consistency guarantee is "decide as one instance once the
 //! pub/sub hop has happened" (state-service README, "Replicas and Redis"), so the burst is sent
@@ -369,6 +371,48 @@ async fn dead_shard_degrades_and_recovers(s: &mut ReplicaStack) -> Result<()> {
     Ok(())
 }
 
+/// (4) A failure the filter in front of replica 0 saw stops picks to that worker on replica 1
+/// too (the suspicion is replicated; replica 1 never saw a report about it), until the worker
+/// answers its `/health` probe again.
+async fn reported_failure_stops_picks_on_every_replica(s: &ReplicaStack) -> Result<()> {
+    let prefix = tokens(8800, 320);
+    let before: Vec<Vec<u64>> = {
+        let mut v = Vec::new();
+        for w in 0..WORKERS {
+            v.push(index_blocks(s, w).await?);
+        }
+        v
+    };
+    let first = route(s, 0, &concat(&prefix, &tokens(8801, 16))).await?;
+    let w: usize = first.worker.parse()?;
+    wait_index(s, w, &before[w], 20).await?;
+    let fault = |dead: bool| s.client.post(s.worker_url(w, "/sim/fault")).json(&json!({ "engine_dead": dead })).send();
+    ensure!(fault(true).await?.status() == 200, "engine_dead fault");
+    // Its engine died: the worker answers 500 (as vLLM does), which the filter reports.
+    let r = s.client.post(s.envoy_url(0, "/v1/completions")).json(&completion(MODEL, &concat(&prefix, &tokens(8802, 16)), 2, false)).send().await?;
+    ensure!(pick_of(&r).worker == w.to_string() && r.status() == 500, "{:?} {}", r.headers(), r.status());
+    r.bytes().await?;
+    let seen = wait_for("replica 1 holds the suspicion", Duration::from_secs(10), || async {
+        let v = s.worker_view(1, w).await.ok()?;
+        (v["suspect"].as_str() == Some("server_error") && v["takes_picks"] == false).then_some(v)
+    })
+    .await?;
+    ensure!(seen["healthy"] == true, "no scrape took it out on replica 1: {seen}");
+    for i in 0..3u32 {
+        let r = s.client.post(s.envoy_url(1, "/v1/completions")).json(&completion(MODEL, &concat(&prefix, &tokens(8810 + i, 16)), 2, false)).send().await?;
+        ensure!(r.status() == 200 && pick_of(&r).worker != w.to_string(), "replica 1 still picks the failed worker: {:?}", r.headers());
+        r.bytes().await?;
+    }
+    ensure!(fault(false).await?.status() == 200, "fault cleared");
+    for r in 0..REPLICAS {
+        wait_for(&format!("replica {r}: worker {w} back after its probe"), Duration::from_secs(10), || async {
+            (s.worker_view(r, w).await.ok()?["takes_picks"] == true).then_some(())
+        })
+        .await?;
+    }
+    wait_assignments(s, 0).await
+}
+
 #[tokio::test]
 async fn two_replicas_on_redis_act_as_one_through_two_envoys() -> Result<()> {
     let started = std::time::Instant::now();
@@ -380,5 +424,7 @@ async fn two_replicas_on_redis_act_as_one_through_two_envoys() -> Result<()> {
     eprintln!("(2) conversations done after {:?}", started.elapsed());
     dead_shard_degrades_and_recovers(&mut s).await?;
     eprintln!("(3) shard outage done after {:?}", started.elapsed());
+    reported_failure_stops_picks_on_every_replica(&s).await?;
+    eprintln!("(4) replicated suspicion done after {:?}", started.elapsed());
     Ok(())
 }

@@ -39,6 +39,22 @@ impl Managed {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends `signal` to the child's process group (SIGSTOP / SIGCONT for a frozen process).
+    pub fn signal(&self, signal: libc::c_int) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling our own child's process group, by its id.
+            unsafe { libc::kill(-(child.id() as libc::pid_t), signal) };
+        }
+    }
+
+    /// SIGKILLs the group at once (a crash, not a shutdown) and reaps the child.
+    pub fn kill_now(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        // SAFETY: as in `signal`.
+        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = child.wait();
+    }
+
     /// `Some(status)` once the process has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())

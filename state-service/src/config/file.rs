@@ -51,6 +51,11 @@ pub struct Config {
     pub tokenization: Tokenization,
     /// Failover hints, load shedding and draining.
     pub resilience: Resilience,
+    /// Endpoints / clusters a worker may have (exact, or with `*`: `10.1.0.*:8000`,
+    /// `vllm_*`); empty: any. Applies to configured workers, admin registrations and workers
+    /// adopted from another replica through Redis alike (the filter's `allowed_targets` is
+    /// the proxy-side twin).
+    pub allowed_targets: Vec<String>,
 }
 
 impl Default for Config {
@@ -75,6 +80,7 @@ impl Default for Config {
             redis: RedisConfig::default(),
             tokenization: Tokenization::default(),
             resilience: Resilience::default(),
+            allowed_targets: Vec::new(),
         }
     }
 }

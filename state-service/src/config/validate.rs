@@ -65,6 +65,9 @@ impl Config {
         if self.unhealthy_after == 0 {
             return Err(invalid("unhealthy_after", "must be > 0"));
         }
+        if let Some(p) = self.allowed_targets.iter().find(|p| !kvroute_core::targets::valid_pattern(p)) {
+            return Err(invalid("allowed_targets", format!("{p:?} is not a target pattern")));
+        }
         let r = &self.resilience;
         if r.max_concurrent_picks == 0 {
             return Err(invalid("resilience.max_concurrent_picks", "must be > 0"));
@@ -129,6 +132,11 @@ impl Config {
         }
         if !w.endpoint.is_empty() && !is_host_port(&w.endpoint) {
             return Err(invalid("endpoint", format!("{:?} is not host:port", w.endpoint)));
+        }
+        for (name, target) in [("endpoint", &w.endpoint), ("cluster", &w.cluster)] {
+            if !target.is_empty() && !kvroute_core::targets::allowed(&self.allowed_targets, target) {
+                return Err(invalid(name, format!("{target:?} is outside allowed_targets")));
+            }
         }
         if !(1..=256).contains(&w.dp_ranks) {
             return Err(invalid("dp_ranks", "must be in 1..=256"));
@@ -227,6 +235,17 @@ mod tests {
         assert!(Config::from_toml(dup).unwrap_err().to_string().contains("duplicate"));
         let unknown = "listen = \"127.0.0.1:1\"\nbogus = 1\n";
         assert!(matches!(Config::from_toml(unknown), Err(ConfigError::Parse(_))));
+    }
+
+    #[test]
+    fn workers_outside_allowed_targets_are_refused() {
+        let text = "allowed_targets = [\"10.1.0.*:8000\", \"vllm_*\"]\n[[workers]]\nid = \"a\"\nmodel = \"m\"\nendpoint = \"10.1.0.7:8000\"\ncluster = \"vllm_a\"\n";
+        let c = Config::from_toml(text).expect("inside the allowlist");
+        let outside = WorkerConfig { endpoint: "169.254.169.254:80".into(), ..WorkerConfig::new("b", "m") };
+        assert!(c.validate_worker(&outside).unwrap_err().to_string().contains("outside allowed_targets"), "what Redis adoption checks too");
+        let bad_cluster = WorkerConfig { endpoint: "10.1.0.8:8000".into(), cluster: "kvroute_state".into(), ..WorkerConfig::new("c", "m") };
+        assert!(c.validate_worker(&bad_cluster).is_err());
+        assert!(Config::from_toml("allowed_targets = [\"a b\"]\n").is_err());
     }
 
     #[test]

@@ -28,13 +28,19 @@ const BYTES_PER_TOKEN: u32 = 4;
 
 impl PromptView {
     /// `block_size` is the model's; `chunk_bytes` the text-chunk size the filter used.
+    /// The view of `req`'s prompt: its keys (at most [`MAX_PICK_KEYS`]) and size, claims
+    /// bounded by what the pick carries.
     pub fn new(req: &PickRequest, block_size: u32, chunk_bytes: u32) -> PromptView {
         let is_token_prompt = !req.token_keys.is_empty() || (req.prompt_tokens > 0 && req.prompt_text.is_empty() && req.chat_json.is_empty());
         if is_token_prompt {
             return Self::tokens(req, block_size);
         }
-        let bytes = if req.prompt_bytes > 0 { req.prompt_bytes } else { (req.prompt_text.len() + req.chat_json.len()) as u32 };
-        let keys: Arc<[BlockKey]> = req.text_chunk_keys.iter().map(|k| BlockKey(*k)).collect();
+        // Claimed sizes are bounded by what the pick carries: the text itself, or its chunks.
+        let carried = req.prompt_text.len() + req.chat_json.len();
+        let chunked = (req.text_chunk_keys.len() as u64 + 1) * u64::from(chunk_bytes);
+        let bytes = if req.prompt_bytes > 0 { u64::from(req.prompt_bytes).min((carried as u64).max(chunked)) } else { carried as u64 };
+        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let keys: Arc<[BlockKey]> = req.text_chunk_keys.iter().take(MAX_PICK_KEYS).map(|k| BlockKey(*k)).collect();
         let tokenization = if keys.is_empty() { TokenizationPath::TokenizationNone } else { TokenizationPath::TokenizationTextChunks };
         PromptView {
             keys,
@@ -61,12 +67,15 @@ impl PromptView {
 
     fn tokens(req: &PickRequest, block_size: u32) -> PromptView {
         let mismatch = req.block_size != 0 && req.block_size != block_size;
-        let keys: Arc<[BlockKey]> = if mismatch { Arc::from([]) } else { req.token_keys.iter().map(|k| BlockKey(*k)).collect() };
+        let keys: Arc<[BlockKey]> =
+            if mismatch { Arc::from([]) } else { req.token_keys.iter().take(MAX_PICK_KEYS).map(|k| BlockKey(*k)).collect() };
         let keyed_tokens = (req.token_keys.len() as u32).saturating_mul(block_size);
         PromptView {
             keys,
             exact: true,
-            prompt_tokens: req.prompt_tokens.max(keyed_tokens),
+            // A prompt is its full blocks plus less than one more: a larger claim is not
+            // believed (it would park phantom waiting tokens on the chosen worker).
+            prompt_tokens: req.prompt_tokens.clamp(keyed_tokens, keyed_tokens.saturating_add(block_size)),
             tokens_per_key: block_size,
             tokenization: TokenizationPath::TokenizationExactTokenIds,
             limitation: mismatch.then_some(DegradedReason::DegradedBlockSizeMismatch),
@@ -74,9 +83,23 @@ impl PromptView {
     }
 }
 
+/// Most keys one pick is matched on: 65,536 blocks, a million tokens at vLLM's block size 16,
+/// longer than any context served; a longer prompt is routed on its first million tokens.
+pub const MAX_PICK_KEYS: usize = 65_536;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claims_are_bounded_by_what_the_pick_carries() {
+        let huge = PickRequest { token_keys: vec![1, 2], block_size: 16, prompt_tokens: u32::MAX, ..Default::default() };
+        assert_eq!(PromptView::new(&huge, 16, 256).prompt_tokens, 48, "two blocks and less than one more");
+        let many = PickRequest { token_keys: (0..MAX_PICK_KEYS as u64 + 10).collect(), block_size: 16, ..Default::default() };
+        assert_eq!(PromptView::new(&many, 16, 256).keys.len(), MAX_PICK_KEYS);
+        let claimed = PickRequest { text_chunk_keys: vec![1], prompt_bytes: u32::MAX, ..Default::default() };
+        assert_eq!(PromptView::new(&claimed, 16, 256).prompt_tokens, 512 / 4, "two chunks at most");
+    }
 
     #[test]
     fn token_prompts_are_exact() {
