@@ -51,12 +51,14 @@ impl Config {
         if let Some(t) = cli.affinity_tolerance {
             config.affinity_tolerance = t;
         }
-        if let Some(token) = &cli.admin_token {
-            config.admin_token = Some(token.clone());
-        }
         // Credentials come from the environment or files, never argv (visible to every user).
+        if let Ok(token) = std::env::var("KVROUTE_ADMIN_TOKEN") {
+            config.admin_token = Some(token);
+            config.admin_token_file = None;
+        }
         if let Ok(token) = std::env::var("KVROUTE_API_TOKEN") {
             config.api_token = Some(token);
+            config.api_token_file = None;
         }
         config.read_token_files()?;
         if let Some(dir) = &cli.tokenizer_dir {

@@ -26,3 +26,5 @@ mod half_open;
 mod stale_records;
 #[path = "redis_store/tls.rs"]
 mod tls;
+#[path = "redis_store/lost_frees.rs"]
+mod lost_frees;

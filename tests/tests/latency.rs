@@ -520,3 +520,99 @@ async fn overhead_vs_round_robin() -> Result<()> {
     drop(state.proc);
     Ok(())
 }
+
+/// Hostile load (issue 12): while `HOSTILE` clients keep posting multi-MiB text picks (each a
+/// distinct ~3 MiB prompt for the local tokenizer, the most expensive pick there is), small
+/// token-id picks keep flowing. Prints the small picks' round trip p50 / p99 (protobuf, straight
+/// to the real state service) before and during, and what became of the hostile ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark: prints figures"]
+async fn hostile_load_small_picks_keep_flowing() -> Result<()> {
+    use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
+    use kvroute_core::wire::PickRequest;
+    use prost::Message;
+    const HOSTILE: usize = 4;
+    const HOSTILE_BYTES: usize = 3 << 20;
+    let workers = vec![FakeWorker::start("A").await?, FakeWorker::start("B").await?];
+    let Some(tokenizer) = tokenizer_fixture() else {
+        println!("skipped: no tokenizer fixture (tokenize/fetch-tokenizer.sh)");
+        return Ok(());
+    };
+    let state = RealState::start(&workers, Some(&tokenizer)).await?;
+    let url = format!("http://127.0.0.1:{}/v1/pick", state.port);
+    let client = reqwest::Client::new();
+    let root = KeyRoot::new(BENCH_MODEL, "");
+    let small = |seed: u32| {
+        let ids = tokens(seed, 512);
+        PickRequest {
+            model: BENCH_MODEL.into(),
+            token_keys: token_block_keys(&root, &ids, 16).into_iter().map(|k| k.0).collect(),
+            block_size: 16,
+            prompt_tokens: 512,
+            ..PickRequest::default()
+        }
+        .encode_to_vec()
+    };
+    let n = samples_per_cell();
+    let round = |seed0: u32| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut ms = Vec::with_capacity(n);
+            for i in 0..n as u32 {
+                let t = Instant::now();
+                let r = client.post(&url).header("content-type", "application/x-protobuf").body(small(seed0 + i)).send().await?;
+                anyhow::ensure!(r.status() == 200, "small pick answered {}", r.status());
+                r.bytes().await?;
+                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            ms.sort_by(f64::total_cmp);
+            anyhow::Ok((pct(&ms, 0.5), pct(&ms, 0.99)))
+        }
+    };
+    let (b50, b99) = round(1).await?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hostile: Vec<_> = (0..HOSTILE)
+        .map(|h| {
+            let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut sent, mut worst_ms) = (0usize, 0f64);
+                let mut seed = 10_000 * (h as u32 + 1);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    seed += 1;
+                    let text = text_prompt(seed, HOSTILE_BYTES / 5);
+                    let keys = text_chunk_keys(&KeyRoot::new(BENCH_MODEL, ""), &text, 256).into_iter().map(|k| k.0).collect();
+                    let body = PickRequest {
+                        model: BENCH_MODEL.into(),
+                        endpoint: kvroute_core::wire::Endpoint::Completions as i32,
+                        prompt_bytes: text.len() as u32,
+                        prompt_text: text,
+                        text_chunk_keys: keys,
+                        ..PickRequest::default()
+                    }
+                    .encode_to_vec();
+                    let t = Instant::now();
+                    let Ok(r) = client.post(&url).header("content-type", "application/x-protobuf").header("x-kvroute-deadline-ms", "50").body(body).send().await else { continue };
+                    let _ = r.bytes().await;
+                    worst_ms = worst_ms.max(t.elapsed().as_secs_f64() * 1000.0);
+                    sent += 1;
+                }
+                (sent, worst_ms)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (d50, d99) = round(100_000).await?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut hostile_sent = 0;
+    let mut hostile_worst = 0f64;
+    for h in hostile {
+        let (sent, worst) = h.await?;
+        hostile_sent += sent;
+        hostile_worst = hostile_worst.max(worst);
+    }
+    println!("small token-id picks (512 tokens, {n} sequential), round trip to kvroute-state:");
+    println!("  alone:                                   p50 {b50:.3} ms  p99 {b99:.3} ms");
+    println!("  with {HOSTILE} clients posting {} MiB text picks: p50 {d50:.3} ms  p99 {d99:.3} ms", HOSTILE_BYTES >> 20);
+    println!("  hostile picks answered: {hostile_sent}, slowest {hostile_worst:.0} ms; {}", state.tokenization_counts().await);
+    Ok(())
+}

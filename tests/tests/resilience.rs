@@ -157,3 +157,23 @@ async fn timed_out_and_reset_picks_leave_no_assignment() -> Result<()> {
     assert_eq!(s.workers_view().await?["assignments"], 0, "a late pick left load behind");
     Ok(())
 }
+
+/// Must-show (issue 12): a pick naming a target outside the filter's `allowed_targets` is a
+/// counted fallback, never a 503, and leaves no assignment behind.
+#[tokio::test]
+async fn targets_outside_the_allowlist_fall_back_counted() -> Result<()> {
+    let s = stack(Mode::Endpoint, json!({"allowed_targets": ["10.99.*:8000"]})).await?;
+    for i in 0..4u32 {
+        let r = s.client.post(s.envoy.url("/v1/completions")).json(&completion(MODEL, &tokens(70 + i, 64), 2, false)).send().await?;
+        assert_eq!(r.status(), 200, "the default route served it");
+        assert_eq!(header(&r, "x-kvroute-fallback"), "target_not_allowed");
+        assert!(!header(&r, "x-sim-worker").is_empty());
+        r.bytes().await?;
+    }
+    assert_eq!(s.envoy.counter("kvroute_fallback_target_not_allowed").await?, 4);
+    wait_for("the refused picks cancelled", Duration::from_secs(10), || async {
+        (s.workers_view().await.ok()?["assignments"].as_u64()? == 0).then_some(())
+    })
+    .await?;
+    Ok(())
+}

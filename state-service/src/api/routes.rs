@@ -34,7 +34,10 @@ pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes
         return Err(ApiError::Overloaded(state.config.resilience.max_concurrent_picks));
     };
     let request: PickRequest = format.decode(&body, "PickRequest")?;
-    let response = crate::pick::tokenized::pick(&state, &request).await;
+    // Tokenizing may use most of the proxy's budget, never all of it: the decision and the
+    // answer's trip back need the rest.
+    let budget = deadline.map(|d| arrived + d.mul_f64(0.7));
+    let response = crate::pick::tokenized::pick(&state, &request, budget).await;
     if deadline.is_some_and(|d| arrived.elapsed() > d) && response.assignment_id != 0 {
         state.apply(FleetEvent::Cancelled { id: AssignmentId(response.assignment_id) });
         state.metrics.picks_abandoned.inc();

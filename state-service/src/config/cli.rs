@@ -22,9 +22,6 @@ pub struct Cli {
     /// Overrides `affinity_tolerance` (0..=1).
     #[arg(long, env = "KVROUTE_AFFINITY_TOLERANCE")]
     pub affinity_tolerance: Option<f64>,
-    /// Overrides `admin_token`.
-    #[arg(long, env = "KVROUTE_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
     /// Overrides `tokenization.default_tokenizer_dir` (models without their own `tokenizer_dir`).
     #[arg(long, env = "KVROUTE_TOKENIZER_DIR")]
     pub tokenizer_dir: Option<PathBuf>,

@@ -15,11 +15,23 @@ use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_core::wire::{PickRequest, PickResponse};
 
 /// Decides where `req` goes, tokenizing its prompt when that can make the match exact.
-pub async fn pick(state: &AppState, req: &PickRequest) -> PickResponse {
+///
+/// `budget`: when the proxy stops waiting for the answer; tokenizing gives up before it (the
+/// pick then uses text-chunk keys), whatever `tokenization.deadline_ms` allows.
+pub async fn pick(state: &AppState, req: &PickRequest, budget: Option<std::time::Instant>) -> PickResponse {
     let policy = state.policy();
     let prompt = match policy {
         // Dynamo tokenizes in its frontend: its KV router matches exact blocks too.
-        Policy::Kvroute | Policy::DynamoKv if wants_tokens(req) => exact_prompt(state, req).await,
+        Policy::Kvroute | Policy::DynamoKv if wants_tokens(req) => match budget {
+            Some(until) => match tokio::time::timeout_at(until.into(), exact_prompt(state, req)).await {
+                Ok(prompt) => prompt,
+                Err(_) => {
+                    state.metrics.count_tokenize_failure(kvroute_core::wire::TokenizationPath::TokenizationLocal, crate::metrics::TokenizeFailure::Deadline);
+                    None
+                }
+            },
+            None => exact_prompt(state, req).await,
+        },
         _ => None,
     };
     // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.

@@ -83,6 +83,9 @@ pub struct RedisStore {
     shared: Mutex<HashSet<String>>,
     /// Ids of this replica's config workers: a shared worker of the same id never replaces one.
     config_workers: HashSet<String>,
+    /// Other replicas' assignments adopted here, and when: a resync frees those its shard no
+    /// longer holds (their `freed` event was lost while the shard was away).
+    adopted: Mutex<HashMap<u64, tokio::time::Instant>>,
     me: OnceLock<std::sync::Weak<RedisStore>>,
     salt: u64,
 }
@@ -122,6 +125,7 @@ impl RedisStore {
             warm: Mutex::new(WarmStart::default()),
             shared: Mutex::new(HashSet::new()),
             config_workers: config.workers.iter().map(|w| w.id.clone()).collect(),
+            adopted: Mutex::new(HashMap::new()),
             me: OnceLock::new(),
             config: rc,
         });
@@ -273,6 +277,31 @@ impl RedisStore {
         if !self.shards.is_up(shard) || self.queues[shard.0].try_send((key, op)).is_err() {
             self.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Another replica's assignment `id` was adopted (or, `false`, freed).
+    fn track_adopted(&self, id: u64, live: bool) {
+        let mut adopted = self.adopted.lock();
+        if live {
+            adopted.insert(id, tokio::time::Instant::now());
+        } else {
+            adopted.remove(&id);
+        }
+    }
+
+    /// Frees the adopted assignments owned by `shard` that its resync did not find (`found`),
+    /// and forgets adopted ids past the assignment TTL (the fleet expired them itself).
+    fn reconcile(&self, inbound: &Inbound, shard: ShardId, found: &HashSet<u64>) -> usize {
+        let ttl = self.assignment_ttl;
+        let mut adopted = self.adopted.lock();
+        adopted.retain(|_, at| at.elapsed() < ttl);
+        let lost: Vec<u64> =
+            adopted.keys().copied().filter(|id| !found.contains(id) && self.shards.owner(&self.assignment_key(*id)) == shard).collect();
+        for id in &lost {
+            adopted.remove(id);
+            let _ = inbound.send(FleetEvent::Completed { id: crate::assign::AssignmentId(*id), usage: crate::fleet::Usage::default() });
+        }
+        lost.len()
     }
 
     fn ttls(&self) -> Ttls {

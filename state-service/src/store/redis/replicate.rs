@@ -161,11 +161,14 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
     }
     let mut loaded = 0;
     let now = Instant::now();
+    let mut found = std::collections::HashSet::new();
     for value in store.scan_values(shard, &format!("{}:asg:*", store.config.key_prefix)).await? {
         match serde_json::from_slice::<Record>(&value) {
             Ok(r) if r.replica != store.replica => match r.assignment(now, store.ttls()) {
                 Some(assignment) => {
                     loaded += 1;
+                    found.insert(r.id);
+                    store.track_adopted(r.id, true);
                     let _ = inbound.send(FleetEvent::Assigned { assignment, credit: Arc::from([]) });
                 }
                 None => stale(store, &r),
@@ -175,6 +178,13 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
                 store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+    // Adopted before, gone from the shard now: freed while we could not hear it (or the shard
+    // restarted empty). Keeping them would park their load here until a TTL.
+    let lost = store.reconcile(inbound, shard, &found);
+    if lost > 0 {
+        store.stats.reconciled.fetch_add(lost as u64, Ordering::Relaxed);
+        tracing::info!(shard = %store.shards.node(shard).url, lost, "resync freed assignments the shard no longer holds");
     }
     Ok(loaded)
 }
@@ -187,12 +197,18 @@ pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
     store.stats.received.fetch_add(1, Ordering::Relaxed);
     let event = match event {
         Event::Assigned(r) => match r.assignment(Instant::now(), store.ttls()) {
-            Some(assignment) => FleetEvent::Assigned { assignment, credit: r.keys().into() },
+            Some(assignment) => {
+                store.track_adopted(r.id, true);
+                FleetEvent::Assigned { assignment, credit: r.keys().into() }
+            }
             None => return stale(store, &r),
         },
         Event::FirstToken { id, elapsed_ms } => FleetEvent::FirstToken { id: AssignmentId(id), elapsed_ms },
         // Completion and cancellation free alike; the usage was observed where it was reported.
-        Event::Freed { id } => FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() },
+        Event::Freed { id } => {
+            store.track_adopted(id, false);
+            FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() }
+        }
         Event::WorkerAdded(worker) => return store.adopt_worker(inbound, *worker),
         Event::WorkerRemoved { id } => return store.drop_worker(inbound, &id),
         Event::WorkerSuspect { id, reason } => FleetEvent::Suspected {
