@@ -139,7 +139,11 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
     let mut raw_prompt = None;
     for (name, raw) in fields {
         if api == Api::Completions && name == "prompt" {
-            raw_prompt = Some(raw);
+            // A repeated `prompt`: the last one counts (as in serde_json's map), but every one
+            // must be JSON, as on the serde_json path.
+            if raw_prompt.replace(raw).is_some_and(|earlier| !is_json(earlier)) {
+                return Err(ParseError::NotJson("a repeated `prompt` is not JSON".into()));
+            }
             continue;
         }
         let value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
@@ -174,10 +178,17 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
 
 /// Why a body is not a JSON object: not JSON at all, or JSON of another shape.
 fn classify(body: &[u8], error: serde_json::Error) -> ParseError {
-    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-        Ok(_) => ParseError::NotObject,
-        Err(_) => ParseError::NotJson(error.to_string()),
+    if is_json(body) {
+        ParseError::NotObject
+    } else {
+        ParseError::NotJson(error.to_string())
     }
+}
+
+/// Whether `bytes` are one JSON value, the UTF-8 of its strings included (which
+/// `IgnoredAny` alone does not check).
+fn is_json(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|s| serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok())
 }
 
 fn completion_prompt(raw: Option<&[u8]>) -> Result<Prompt, ParseError> {
@@ -366,5 +377,29 @@ mod tests {
         assert_eq!(p(Api::ChatCompletions, r#"{"model":"m","messages":[{"content":"x"}]}"#).unwrap_err().kind(), "invalid_field");
         let e = p(Api::Completions, r#"{"model":"m","prompt":"x","max_tokens":-3}"#).unwrap_err();
         assert_eq!(e.to_string(), "field `max_tokens` must be a non-negative integer");
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/request_body.rs): serde's `IgnoredAny` skips strings
+    /// without checking their UTF-8, so an object holding invalid UTF-8 was "not an object"
+    /// on the serde_json path (here forced by the escaped key) while the scanner said "not JSON".
+    #[test]
+    fn invalid_utf8_inside_an_object_is_not_json() {
+        for body in [&b"{\"\\u0078\":0,\"model\":\"m\",\"x\":[{\"a\xff\":1}]}"[..], b"{\"model\":\"m\",\"x\":[{\"a\xff\":1}]}"] {
+            for api in [Api::Completions, Api::ChatCompletions, Api::Messages] {
+                assert!(matches!(parse(api, body), Err(ParseError::NotJson(_))), "{api:?} {:?}: {:?}", String::from_utf8_lossy(body), parse(api, body));
+            }
+        }
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/request_body.rs): a repeated `prompt` was taken
+    /// from its last occurrence without the earlier ones ever being read, so the scanner path
+    /// accepted a body serde_json rejects. Every occurrence must be JSON; the last one counts.
+    #[test]
+    fn a_repeated_prompt_must_be_json_every_time() {
+        assert!(matches!(p(Api::Completions, r#"{"model":"m","prompt":tru,"prompt":[1]}"#), Err(ParseError::NotJson(_))));
+        assert!(matches!(p(Api::Completions, r#"{"\u0078":0,"model":"m","prompt":tru,"prompt":[1]}"#), Err(ParseError::NotJson(_))));
+        assert!(matches!(parse(Api::Completions, b"{\"model\":\"m\",\"prompt\":\"\xff\",\"prompt\":[1]}"), Err(ParseError::NotJson(_))));
+        assert_eq!(p(Api::Completions, r#"{"model":"m","prompt":"a","prompt":[1]}"#).unwrap().prompt, Prompt::Tokens(vec![1]));
+        assert_eq!(p(Api::Completions, r#"{"\u0078":0,"model":"m","prompt":"a","prompt":[1]}"#).unwrap().prompt, Prompt::Tokens(vec![1]));
     }
 }

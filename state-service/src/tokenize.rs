@@ -136,7 +136,7 @@ impl Tokenization {
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no local tokenization");
                 // Out of time or capacity, or too long for the budget: a worker call would
                 // cost more of the same and push the overload onto the workers.
-                if matches!(reason, TokenizeFailure::Deadline | TokenizeFailure::Busy | TokenizeFailure::Truncated) {
+                if matches!(reason, TokenizeFailure::Deadline | TokenizeFailure::Busy | TokenizeFailure::Truncated | TokenizeFailure::TooLong) {
                     return None;
                 }
             }
@@ -201,10 +201,16 @@ impl Tokenization {
 /// Chat prompts through the template (media makes the ids inexact: vLLM adds placeholder
 /// tokens we do not reproduce), encoded as far as `budget` cache-missing bytes reach at a
 /// message boundary (exact: see `CachedEncoder::encode_prefix`); text prompts encoded whole
-/// as `/v1/completions` does (a text has no boundary that is exact for every tokenizer; the
-/// deadline bounds its wait). Returns the encoding and the prompt's bytes.
+/// as `/v1/completions` does when it fits the budget (a text has no boundary that is exact for
+/// every tokenizer), else not at all. Returns the encoding and the prompt's bytes.
 fn encode(tokenizer: &ModelTokenizer, endpoint: i32, chat: &str, text: &str, budget: usize) -> Result<(Encoded, usize), TokenizeFailure> {
     if chat.is_empty() {
+        // A text has no message boundary to stop at, and an encoding cannot be stopped once
+        // started: one longer than the budget is not begun (a few of them would otherwise keep
+        // every core busy long after their picks gave up, starving the small ones).
+        if text.len() > budget {
+            return Err(TokenizeFailure::TooLong);
+        }
         return tokenizer.encode_text(text).map(|ids| (Encoded::whole(ids), text.len())).map_err(|e| failure(&e));
     }
     let api = if endpoint == Endpoint::Messages as i32 { Api::Messages } else { Api::ChatCompletions };

@@ -85,6 +85,9 @@ fn build(config: Config, tokenizer_dir: Option<PathBuf>) -> (Router, Arc<TestInd
 
 fn build_state(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (AppState, Arc<TestIndex>) {
     config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir });
+    // These tests are about exactness, not timing: a cold encoding on a loaded CI machine may
+    // take longer than the production deadline (`a_slow_encoding_is_not_waited_for` is about it).
+    config.tokenization.deadline_ms = 10_000;
     let index = Arc::new(TestIndex::default());
     (AppState::new(config, index.clone()).expect("valid config"), index)
 }
@@ -210,6 +213,47 @@ async fn text_prompts_use_the_local_tokenizer_too() {
     let ids = reference().encode_text(&text).unwrap();
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationLocal as i32);
     assert_eq!(resp.total_blocks as usize, ids.len() / 16);
+}
+
+#[tokio::test]
+async fn a_text_prompt_longer_than_the_budget_is_not_encoded() {
+    let mut cfg = config(&["a"]);
+    cfg.tokenization.max_encode_bytes = 1000;
+    cfg.tokenization.worker_fallback = false;
+    let (app, _) = build(cfg, Some(fixture_dir()));
+    let text = "Once upon a time a router learned to read KV events. ".repeat(40);
+    let keys = kvroute_core::keys::text_chunk_keys(&kvroute_core::KeyRoot::new("m", ""), &text, 256).into_iter().map(|k| k.0).collect();
+    let req = PickRequest { model: "m".into(), endpoint: Endpoint::Completions as i32, prompt_text: text, text_chunk_keys: keys, ..Default::default() };
+    let resp = pick(&app, &req).await;
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "routed on text chunks: {resp:?}");
+}
+
+#[tokio::test]
+async fn a_slow_encoding_is_not_waited_for() {
+    let mut config = config(&["a"]);
+    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir: Some(fixture_dir()) });
+    config.tokenization.inline_max_bytes = 0;
+    config.tokenization.deadline_ms = 1;
+    config.tokenization.worker_fallback = false;
+    let state = AppState::new(config, Arc::new(TestIndex::default())).expect("valid config");
+    state.tokenization.local.load("m");
+    let app = app(state);
+    let text = "Once upon a time a router learned to read KV events. ".repeat(400);
+    let keys = text_chunk_keys(&KeyRoot::new("m", ""), &text, DEFAULT_TEXT_CHUNK_BYTES).into_iter().map(|k| k.0).collect();
+    let req = PickRequest { model: "m".into(), endpoint: Endpoint::Completions as i32, prompt_text: text, text_chunk_keys: keys, ..Default::default() };
+    // The tokenizer loads in the background; once it is in, the 1 ms deadline decides.
+    let mut last = None;
+    for _ in 0..200 {
+        let resp = pick(&app, &req).await;
+        let metrics = get_text(&app, "/metrics").await;
+        if metrics.contains(r#"kvroute_tokenization_failures_total{path="local",reason="deadline"}"#) {
+            assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "routed on text chunks at once");
+            return;
+        }
+        last = Some(metrics);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("no deadline failure counted: {last:?}");
 }
 
 /// A worker's `/tokenize`, vLLM's request and response shape; remembers the bodies it got.

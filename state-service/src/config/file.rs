@@ -206,7 +206,8 @@ pub struct Tokenization {
     pub worker_retry_ms: u64,
     /// Most bytes of not-yet-cached text one pick encodes; a chat beyond it is keyed exactly
     /// up to its last message boundary within the budget (32 KiB: ~8k tokens, ~11 ms cold on
-    /// a shared 2-core VM; shared prefixes and history are cached pieces and cost nothing).
+    /// a shared 2-core VM; shared prefixes and history are cached pieces and cost nothing). A
+    /// text prompt longer than this is not encoded (routed on text chunks, `too_long`).
     pub max_encode_bytes: usize,
     /// How long a pick waits for a local encoding before routing on text chunks; below the
     /// filter's pick timeout (50 ms by default) so the answer still arrives in time.

@@ -89,6 +89,8 @@ label_enum!(
         /// Only the leading messages within `tokenization.max_encode_bytes` were encoded (the
         /// pick still used exact keys for them); or not even the first message fit.
         Truncated => "truncated",
+        /// A text prompt longer than `tokenization.max_encode_bytes`: not encoded at all.
+        TooLong => "too_long",
         /// The local encoding did not finish within `tokenization.deadline_ms`.
         Deadline => "deadline",
         /// `tokenization.max_concurrent` encodings were running already.
