@@ -8,7 +8,7 @@
 # SECONDS_PER_TARGET (or FUZZ_SECONDS) defaults to 300. Targets default to all of them:
 #   request_body kv_events pick_report prometheus chat_template
 # Environment:
-#   FUZZ_SANITIZER  address (default) or none: cargo fuzz's -Zsanitizer; `none` keeps
+#   FUZZ_SANITIZER  none (default) or address: cargo fuzz's -Zsanitizer; `none` keeps
 #                   libFuzzer's coverage guidance, only ASan is left out
 #   FUZZ_TIMEOUT    seconds one input may take before it counts as a crash (default 10)
 #   FUZZ_RSS_MB     memory limit of the fuzzing process (default 2048)
@@ -29,7 +29,7 @@ seconds=${1:-${FUZZ_SECONDS:-300}}
 all=(request_body kv_events pick_report prometheus chat_template)
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=("${all[@]}")
-sanitizer=${FUZZ_SANITIZER:-address}
+sanitizer=${FUZZ_SANITIZER:-none}
 timeout_s=${FUZZ_TIMEOUT:-10}
 rss_mb=${FUZZ_RSS_MB:-2048}
 

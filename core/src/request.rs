@@ -137,18 +137,33 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
     };
     let mut obj = Map::new();
     let mut raw_prompt = None;
-    for (name, raw) in fields {
-        if api == Api::Completions && name == "prompt" {
-            // A repeated `prompt`: the last one counts (as in serde_json's map), but every one
-            // must be JSON, as on the serde_json path.
-            if raw_prompt.replace(raw).is_some_and(|earlier| !is_json(earlier)) {
-                return Err(ParseError::NotJson("a repeated `prompt` is not JSON".into()));
+    // Last field first: a repeated field counts once, as its last occurrence (as in
+    // serde_json's map); earlier ones need only be JSON, as on the serde_json path.
+    for (name, raw) in fields.into_iter().rev() {
+        let is_prompt = api == Api::Completions && name == "prompt";
+        let repeated = if is_prompt { raw_prompt.is_some() } else { obj.contains_key(name.as_ref()) };
+        if repeated {
+            if !is_json(raw) {
+                return Err(ParseError::NotJson(format!("field `{name}` (repeated) is not JSON")));
             }
-            continue;
+        } else if is_prompt {
+            raw_prompt = Some(raw);
+        } else {
+            let value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
+            obj.insert(name.into_owned(), value);
         }
-        let value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
-        obj.insert(name.into_owned(), value);
     }
+    // The prompt is read last: when something else is wrong first, a prompt that is not JSON
+    // still makes the body "not JSON", as on the serde_json path.
+    request(api, &obj, raw_prompt).map_err(|e| match e {
+        ParseError::NotJson(_) => e,
+        _ if raw_prompt.is_some_and(|raw| !is_json(raw)) => ParseError::NotJson("field `prompt` is not JSON".into()),
+        _ => e,
+    })
+}
+
+/// The request in a body's top-level fields (`raw_prompt`: a completion's unparsed `prompt`).
+fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<&[u8]>) -> Result<PromptRequest, ParseError> {
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(invalid("model", "must be a string")),
@@ -156,7 +171,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
     };
     let prompt = match api {
         Api::Completions => completion_prompt(raw_prompt)?,
-        Api::ChatCompletions | Api::Messages => chat_prompt(api, &obj)?,
+        Api::ChatCompletions | Api::Messages => chat_prompt(api, obj)?,
     };
     let stream = match obj.get("stream") {
         None | Some(Value::Null) => false,
@@ -185,10 +200,10 @@ fn classify(body: &[u8], error: serde_json::Error) -> ParseError {
     }
 }
 
-/// Whether `bytes` are one JSON value, the UTF-8 of its strings included (which
-/// `IgnoredAny` alone does not check).
+/// Whether `bytes` are one JSON value as the serde_json path reads a field: syntax and the
+/// UTF-8 of strings checked (`IgnoredAny` skips strings unchecked), numbers of any size.
 fn is_json(bytes: &[u8]) -> bool {
-    std::str::from_utf8(bytes).is_ok_and(|s| serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok())
+    serde_json::from_slice::<&RawValue>(bytes).is_ok()
 }
 
 fn completion_prompt(raw: Option<&[u8]>) -> Result<Prompt, ParseError> {
@@ -394,12 +409,47 @@ mod tests {
     /// Found by fuzzing (fuzz/fuzz_targets/request_body.rs): a repeated `prompt` was taken
     /// from its last occurrence without the earlier ones ever being read, so the scanner path
     /// accepted a body serde_json rejects. Every occurrence must be JSON; the last one counts.
+    /// Other repeated fields likewise: only the last one is parsed (an earlier one out of
+    /// f64's range made the scanner path fail where the serde_json path did not).
     #[test]
-    fn a_repeated_prompt_must_be_json_every_time() {
+    fn a_repeated_field_must_be_json_every_time_and_the_last_one_counts() {
+        for body in [r#"{"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#] {
+            assert_eq!(p(Api::Completions, body).map(|r| r.max_tokens), Ok(Some(3)), "{body}");
+        }
+        for body in [r#"{"model":[1,],"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"model":[1,],"model":"m","prompt":"a"}"#] {
+            assert!(matches!(p(Api::Completions, body), Err(ParseError::NotJson(_))), "{body}");
+        }
         assert!(matches!(p(Api::Completions, r#"{"model":"m","prompt":tru,"prompt":[1]}"#), Err(ParseError::NotJson(_))));
         assert!(matches!(p(Api::Completions, r#"{"\u0078":0,"model":"m","prompt":tru,"prompt":[1]}"#), Err(ParseError::NotJson(_))));
         assert!(matches!(parse(Api::Completions, b"{\"model\":\"m\",\"prompt\":\"\xff\",\"prompt\":[1]}"), Err(ParseError::NotJson(_))));
         assert_eq!(p(Api::Completions, r#"{"model":"m","prompt":"a","prompt":[1]}"#).unwrap().prompt, Prompt::Tokens(vec![1]));
         assert_eq!(p(Api::Completions, r#"{"\u0078":0,"model":"m","prompt":"a","prompt":[1]}"#).unwrap().prompt, Prompt::Tokens(vec![1]));
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/request_body.rs): the scanner path reads a
+    /// completion's `prompt` last, so a body with no `model` and a prompt that is not JSON was
+    /// "missing model" there and "not JSON" on the serde_json path.
+    #[test]
+    fn a_prompt_that_is_not_json_makes_the_body_not_json() {
+        for body in [r#"{"moeld":"m","prompt":[[4,$5],[6]]}"#, r#"{"model":1,"prompt":[1,}"#, r#"{"\u0078":0,"moeld":"m","prompt":[[4,$5],[6]]}"#] {
+            assert!(matches!(p(Api::Completions, body), Err(ParseError::NotJson(_))), "{body}: {:?}", p(Api::Completions, body));
+        }
+        assert_eq!(p(Api::Completions, r#"{"prompt":[1]}"#), Err(ParseError::Missing("model")));
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/request_body.rs): a repeated prompt holding a number
+    /// out of f64's range is JSON to the serde_json path (it is never parsed there) and must be
+    /// to the scanner path too.
+    #[test]
+    fn a_repeated_prompt_may_hold_any_number() {
+        for (body, want) in [
+            (r#"{"ml":"m","prompt":42.69E2999253710,"prompt":42.69E2}"#, Err(ParseError::Missing("model"))),
+            (r#"{"\u0078":0,"ml":"m","prompt":42.69E2999253710,"prompt":42.69E2}"#, Err(ParseError::Missing("model"))),
+        ] {
+            assert_eq!(p(Api::Completions, body), want, "{body}");
+        }
+        for body in [r#"{"model":"m","prompt":1e999,"prompt":[1]}"#, r#"{"\u0078":0,"model":"m","prompt":1e999,"prompt":[1]}"#] {
+            assert_eq!(p(Api::Completions, body).map(|r| r.prompt), Ok(Prompt::Tokens(vec![1])), "{body}");
+        }
     }
 }

@@ -9,6 +9,7 @@ use crate::store::ShareError;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -61,13 +62,13 @@ pub async fn remove_worker(
     State(state): State<AppState>,
     Path(id): Path<String>,
     query: Query<RemoveQuery>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<Response, ApiError> {
     let Some(entry) = state.fleet.worker(&id) else { return Err(ApiError::NotFound(format!("no worker {id:?}"))) };
     if query.force || state.fleet.in_flight(&entry.id) == 0 {
         state.retire(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
-        return Ok((StatusCode::NO_CONTENT, Json(json!({}))));
+        return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    drain_answer(&state, &id)
+    drain_answer(&state, &id).map(IntoResponse::into_response)
 }
 
 /// `POST /admin/workers/{id}/drain`: no new picks to the worker on any replica; it is removed
