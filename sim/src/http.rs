@@ -66,6 +66,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/messages", post(openai::messages))
+        .route("/v1/messages/count_tokens", post(openai::count_tokens))
         .route("/v1/models", get(admin::models))
         .route("/health", get(admin::health))
         .route("/tokenize", post(admin::tokenize))

@@ -47,6 +47,17 @@ async fn completions_usage_metrics_and_errors() {
     assert_eq!(tok["count"], chat["usage"]["prompt_tokens"]);
     assert_eq!(tok["sim_tokenizer"], "byte-fallback");
 
+    // Anthropic's messages.count_tokens: what /v1/messages prefills for the same body.
+    let msgs = json!({"model": "kvroute/sim-27b-fp8", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let prefilled: Value = client.post(format!("{w1}/v1/messages")).json(&msgs).send().await.unwrap().json().await.unwrap();
+    let counted: Value = client.post(format!("{w1}/v1/messages/count_tokens")).json(&json!({"model": "kvroute/sim-27b-fp8", "messages": msgs["messages"]})).send().await.unwrap().json().await.unwrap();
+    let whole_prompt = prefilled["usage"]["input_tokens"].as_u64().unwrap() + prefilled["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(counted["input_tokens"].as_u64(), Some(whole_prompt), "{counted} {prefilled}");
+    assert_eq!(counted["context_management"]["original_input_tokens"], counted["input_tokens"]);
+    let r = client.post(format!("{w1}/v1/messages/count_tokens")).body(r#"{"messages": "nope"}"#).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["type"], "error", "Anthropic's error shape");
+
     // The answer is the decoding of the ids the worker cached: streamed pieces concatenate to
     // the (same prompt, same answer) non-streamed text, and turn two, re-sending it, hits the
     // answer's full blocks too (all but the last generated token were computed).
@@ -92,7 +103,7 @@ async fn completions_usage_metrics_and_errors() {
     assert_eq!(get("vllm:generation_tokens_total"), st["stats"]["generation_tokens"].as_f64().unwrap());
     assert_eq!(get("vllm:kv_cache_usage_perc"), st["kv_cache_usage"].as_f64().unwrap());
     assert_eq!(get("vllm:num_requests_running"), 0.0);
-    assert_eq!(get("vllm:time_to_first_token_seconds_count"), 7.0);
+    assert_eq!(get("vllm:time_to_first_token_seconds_count"), 8.0, "every generation above (count_tokens generates nothing)");
 
     // Reset: cache emptied; the other worker untouched.
     let r: Value = client.post(format!("{w1}/reset_prefix_cache")).send().await.unwrap().json().await.unwrap();

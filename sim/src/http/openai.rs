@@ -13,7 +13,7 @@ use crate::worker::Worker;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use kvroute_tokenize::Api;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -129,6 +129,21 @@ async fn messages_or_error(state: AppState, headers: HeaderMap, body: Bytes) -> 
     let max = max_tokens(Some(max), 1)?;
     let gen = Generate { prompt, max_tokens: max, ignore_eos: req.ignore_eos, cache_salt: req.cache_salt, kind: Kind::Messages, stream: req.stream, include_usage: true };
     run(&state, &headers, gen).await
+}
+
+/// `POST /v1/messages/count_tokens` (the Anthropic SDK's `messages.count_tokens`), as vLLM
+/// 0.33 answers it: the prompt `/v1/messages` would prefill for the same body, counted
+/// (`anthropic/serving.py` `count_tokens`: `input_tokens` and
+/// `context_management.original_input_tokens`); errors in Anthropic's shape.
+pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Response {
+    count_tokens_or_error(state, body).await.unwrap_or_else(ApiError::anthropic)
+}
+
+async fn count_tokens_or_error(state: AppState, body: Bytes) -> Result<Response, ApiError> {
+    let req: MessagesBody = parse_json(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    let n = state.tokenizer.encode_chat(utf8(&body)?, Api::Messages)?.len();
+    Ok(axum::Json(serde_json::json!({"input_tokens": n, "context_management": {"original_input_tokens": n}})).into_response())
 }
 
 pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {

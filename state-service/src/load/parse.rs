@@ -100,7 +100,7 @@ pub fn parse_vllm(text: &str) -> VllmLoad {
             "vllm:cache_config_info" => {
                 out.block_size = s.label("block_size").and_then(|v| v.parse().ok()).or(out.block_size);
                 let blocks: Option<u64> = s.label("num_gpu_blocks").and_then(|v| v.parse().ok());
-                out.num_gpu_blocks = blocks.map(|b| b + out.num_gpu_blocks.unwrap_or(0)).or(out.num_gpu_blocks);
+                out.num_gpu_blocks = blocks.map(|b| b.saturating_add(out.num_gpu_blocks.unwrap_or(0))).or(out.num_gpu_blocks);
             }
             _ => {}
         }
@@ -165,5 +165,15 @@ process_resident_memory_bytes 1.2e+09
         assert!(all.iter().any(|s| s.value.is_nan()));
         assert_eq!(parse_vllm(text).waiting, 0, "non-finite values are ignored");
         assert_eq!(parse_vllm(""), VllmLoad::default());
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/prometheus.rs): the engines' `num_gpu_blocks` were
+    /// summed unchecked, so a worker reporting huge counts made the parser panic (overflow
+    /// checks on) or wrap (off). The sum saturates.
+    #[test]
+    fn huge_block_counts_saturate() {
+        let text = "vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"18446744073709551615\"} 1\n\
+                    vllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"2\"} 1\n";
+        assert_eq!(parse_vllm(text).num_gpu_blocks, Some(u64::MAX));
     }
 }

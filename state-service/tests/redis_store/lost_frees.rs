@@ -25,7 +25,7 @@ fn a_free_lost_with_its_shard_is_reconciled_when_the_shard_returns() {
     wait_until("replica 1 to adopt the pick", || count(&replicas[1]) == 1);
     let owner = replicas[0].store.shards.owner(&format!("t:asg:{id}"));
     servers[owner.0].stop();
-    wait_until("replica 0 to see the shard down", || replicas[0].store.shards.is_up(owner) == false);
+    wait_until("replica 0 to see the shard down", || !replicas[0].store.shards.is_up(owner));
     // Completed on replica 0 while its shard is away: the free is not replicated.
     let report = json!({ "reports": [{ "assignment_id": id, "kind": 2, "elapsed_ms": 5.0 }] });
     let (status, _) = post_json(&rt, &replicas[0].url("/v1/report"), report);
