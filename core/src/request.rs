@@ -413,7 +413,9 @@ mod tests {
     /// f64's range made the scanner path fail where the serde_json path did not).
     #[test]
     fn a_repeated_field_must_be_json_every_time_and_the_last_one_counts() {
-        for body in [r#"{"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#] {
+        for body in
+            [r#"{"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#]
+        {
             assert_eq!(p(Api::Completions, body).map(|r| r.max_tokens), Ok(Some(3)), "{body}");
         }
         for body in [r#"{"model":[1,],"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"model":[1,],"model":"m","prompt":"a"}"#] {
