@@ -134,8 +134,7 @@ const GEMMA_LIKE: &str = r##"{{- bos_token }}
 {{- '<start_of_turn>model\n' }}
 {%- endif %}"##;
 
-const SPECIAL: [&str; 8] =
-    ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<think>"];
+const SPECIAL: [&str; 8] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<think>"];
 
 /// GPT-2's byte -> printable character map (what a byte-level BPE vocabulary is written in).
 fn byte_symbols() -> Vec<char> {
@@ -170,7 +169,9 @@ fn tokenizer() -> tokenizers::Tokenizer {
     let added: Vec<Json> = SPECIAL
         .iter()
         .enumerate()
-        .map(|(i, t)| json!({"id": vocab.len() + i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .map(
+            |(i, t)| json!({"id": vocab.len() + i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        )
         .collect();
     let spec = json!({
         "version": "1.0",

@@ -69,11 +69,7 @@ fn compare(api: Api, data: &[u8], fast: &Result<PromptRequest, ParseError>, slow
         (Err(a), Err(b)) => a.kind() == b.kind(),
         _ => false,
     };
-    assert!(
-        same,
-        "{api:?}: the scanner changed the result\nbody: {:?}\nscanner path: {fast:?}\nserde path: {slow:?}",
-        String::from_utf8_lossy(data)
-    );
+    assert!(same, "{api:?}: the scanner changed the result\nbody: {:?}\nscanner path: {fast:?}\nserde path: {slow:?}", String::from_utf8_lossy(data));
 }
 
 fn use_request(req: &PromptRequest) {
