@@ -51,6 +51,20 @@ pub mod wire {
         }
     }
 
+    impl BudgetLimit {
+        /// The one spelling of a budget limit: the filter's error messages and the state
+        /// service's `outcome` label of `kvroute_tenant_requests_total` (`rejected_<label>`).
+        pub fn label(self) -> &'static str {
+            match self {
+                BudgetLimit::BudgetTokens => "tokens",
+                BudgetLimit::BudgetRequests => "requests",
+                BudgetLimit::BudgetConcurrency => "concurrency",
+                BudgetLimit::BudgetUnavailable => "unavailable",
+                BudgetLimit::BudgetUnspecified => "unspecified",
+            }
+        }
+    }
+
     impl UpstreamFailure {
         /// The one spelling of an upstream failure: the state service's `reason` label of
         /// `kvroute_worker_suspected_total`. Ok is "ok".

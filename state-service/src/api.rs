@@ -37,7 +37,7 @@ pub use error::ApiError;
 use crate::state::AppState;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 /// Pick bodies carry whole chat prompts (the filter inspects bodies up to 4 MiB by default,
@@ -56,6 +56,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/workers", get(info::workers))
         .route("/v1/assignments", get(info::assignments))
         .route("/v1/models", get(models::models))
+        .route("/v1/tenants", get(info::tenants))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::api));
     // The operator's: one auth layer for every admin route.
     let admin = Router::new()
@@ -64,6 +65,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/workers/{id}/drain", post(admin::drain_worker))
         .route("/admin/policy", post(admin::set_policy))
         .route("/admin/reset", post(admin::reset))
+        .route("/admin/tenants/{tenant}/budget", put(admin::set_budget).delete(admin::clear_budget))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::admin));
     Router::new()
         .merge(api)

@@ -48,6 +48,8 @@ pub struct Assignment {
     /// never counts a prompt's last token as cached, so at most the full blocks before it).
     /// `None` for approximate picks and for assignments replicated from another replica.
     pub predicted_cached_tokens: Option<u32>,
+    /// The tenant budget the pick reserved under; the completion settles it.
+    pub budget: Option<crate::tenancy::Scope>,
 }
 
 /// What a report did.

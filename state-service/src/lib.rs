@@ -19,5 +19,6 @@ pub mod report;
 pub mod score;
 pub mod state;
 pub mod store;
+pub mod tenancy;
 pub mod tokenize;
 pub mod types;

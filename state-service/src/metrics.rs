@@ -61,6 +61,13 @@ pub struct Metrics {
     pub picks_abandoned: Counter,
     /// Requests refused for a missing or wrong token (401).
     pub unauthorized: Counter,
+    /// Budgeted picks by tenant (allowlisted, else `other`) and outcome.
+    pub tenant_requests: Family<labels::TenantLabels, Counter>,
+    /// Budget tokens by tenant and kind: `reserved` at admission, `charged` when settled,
+    /// and the usage the responses reported (`prompt`, `cached`, `completion`).
+    pub tenant_tokens: Family<labels::TenantTokenLabels, Counter>,
+    /// Admissions decided without the shared ledger (unreachable: local share or reject).
+    pub budget_degraded: Counter,
 }
 
 impl Default for Metrics {
@@ -92,6 +99,9 @@ impl Metrics {
             picks_shed: Counter::default(),
             picks_abandoned: Counter::default(),
             unauthorized: Counter::default(),
+            tenant_requests: Family::default(),
+            tenant_tokens: Family::default(),
+            budget_degraded: Counter::default(),
             registry: PromRegistry::default(),
         };
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
@@ -116,6 +126,9 @@ impl Metrics {
         registry.register("picks_abandoned", "Picks the proxy gave up on before they were decided (not recorded)", m.picks_abandoned.clone());
         registry.register("unauthorized_requests", "Requests refused for a missing or wrong token", m.unauthorized.clone());
         registry.register("picks_shed", "Picks answered 429 overloaded at once instead of queueing past the proxy's timeout", m.picks_shed.clone());
+        registry.register("tenant_requests", "Budgeted requests by tenant and outcome (admitted, rejected_<limit>)", m.tenant_requests.clone());
+        registry.register("tenant_tokens", "Budget tokens by tenant and kind (reserved, charged; usage: prompt, cached, completion)", m.tenant_tokens.clone());
+        registry.register("budget_degraded", "Admissions decided without the shared budget ledger (it was unreachable)", m.budget_degraded.clone());
         Metrics { registry, ..m }
     }
 
@@ -140,6 +153,17 @@ impl Metrics {
 
     pub fn count_tokenize_failure(&self, path: TokenizationPath, reason: TokenizeFailure) {
         self.tokenization_failures.get_or_create(&TokenizeFailureLabels { path: Path(path), reason }).inc();
+    }
+
+    /// `tenant`: the label ([`crate::tenancy::Tenants::label`]), never an unbounded name.
+    pub fn count_tenant_request(&self, tenant: &str, outcome: &str) {
+        self.tenant_requests.get_or_create(&labels::TenantLabels { tenant: tenant.into(), outcome: outcome.into() }).inc();
+    }
+
+    pub fn count_tenant_tokens(&self, tenant: &str, kind: &'static str, n: u64) {
+        if n > 0 {
+            self.tenant_tokens.get_or_create(&labels::TenantTokenLabels { tenant: tenant.into(), kind: kind.into() }).inc_by(n);
+        }
     }
 
     pub fn count_degraded(&self, reason: DegradedReason) {

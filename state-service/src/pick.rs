@@ -52,6 +52,7 @@ pub fn pick(state: &AppState, req: &PickRequest) -> PickResponse {
 /// Counts a decided pick.
 fn finish(state: &AppState, policy: Policy, started: std::time::Instant, response: PickResponse) -> PickResponse {
     let outcome = match (response.worker_id.is_empty(), response.degraded_reason() == DegradedReason::DegradedNone) {
+        _ if response.rejection.is_some() => PickOutcome::Rejected,
         (true, _) => PickOutcome::Fallback,
         (false, true) => PickOutcome::Routed,
         (false, false) => PickOutcome::Degraded,
@@ -64,11 +65,45 @@ fn finish(state: &AppState, policy: Policy, started: std::time::Instant, respons
 
 /// `prompt`: already resolved to exact keys (tokenized), else taken from the request.
 fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, prompt: Option<PromptView>) -> PickResponse {
+    match plan(state, policy, req, view, prompt) {
+        Plan::Fallback(response) => response,
+        Plan::Chosen(chosen) => commit(state, req, chosen, req.assignment_id, None),
+    }
+}
+
+/// A decision before it is recorded: what admission charges and [`commit`] records.
+pub(crate) enum Plan {
+    /// The proxy's default route (nothing is recorded).
+    Fallback(PickResponse),
+    Chosen(Chosen),
+}
+
+pub(crate) struct Chosen {
+    policy: Policy,
+    prompt: PromptView,
+    candidates: Vec<Candidate>,
+    at: usize,
+    now: Instant,
+}
+
+impl Chosen {
+    fn candidate(&self) -> &Candidate {
+        // `plan` only builds a Chosen with `at` in range.
+        &self.candidates[self.at]
+    }
+
+    /// Predicted uncached prompt tokens on the chosen worker: the prefill it will really do.
+    pub fn uncached_tokens(&self) -> u32 {
+        self.candidate().prediction.uncached_tokens
+    }
+}
+
+pub(crate) fn plan(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, prompt: Option<PromptView>) -> Plan {
     if !view.known {
-        return fallback(state, policy, req, DegradedReason::DegradedUnknownModel);
+        return Plan::Fallback(fallback(state, policy, req, DegradedReason::DegradedUnknownModel));
     }
     if view.workers.is_empty() {
-        return fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker);
+        return Plan::Fallback(fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker));
     }
     let prompt = prompt.unwrap_or_else(|| PromptView::new(req, view.block_size, state.config.text_chunk_bytes));
     let now = Instant::now();
@@ -83,11 +118,20 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
         request: Request { keys: peer_keys(policy, &prompt).len() as u32, tokens: prompt.prompt_tokens, block_size: prompt.tokens_per_key },
     };
     let mut rng = state.selector.rng();
-    let chosen_at = choose(policy, &choices, &ctx, &mut rng);
-    let Some(chosen) = candidates.get(chosen_at) else {
-        return fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker);
-    };
-    let id = record(state, policy, &prompt, chosen, req.assignment_id, &mut rng, now);
+    let at = choose(policy, &choices, &ctx, &mut rng);
+    if at >= candidates.len() {
+        return Plan::Fallback(fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker));
+    }
+    Plan::Chosen(Chosen { policy, prompt, candidates, at, now })
+}
+
+/// Records a planned decision under assignment id `requested` (0: any) and answers it;
+/// `budget`: the scope admission reserved it under.
+pub(crate) fn commit(state: &AppState, req: &PickRequest, plan: Chosen, requested: u64, budget: Option<crate::tenancy::Scope>) -> PickResponse {
+    let Chosen { policy, prompt, candidates, at: chosen_at, now } = plan;
+    let chosen = &candidates[chosen_at];
+    let mut rng = state.selector.rng();
+    let id = record(state, policy, &prompt, chosen, requested, budget, &mut rng, now);
     let degraded = degraded_reason(policy, prompt.limitation)
         .or_else(|| state.store.degraded().then_some(DegradedReason::DegradedStateUnavailable));
     if let Some(reason) = degraded {
@@ -113,6 +157,13 @@ fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, 
     response.fallback_endpoints = runners_up(&candidates, chosen_at, state.config.resilience.fallback_workers);
     response.set_tokenization(tokenization(policy, &prompt));
     response.set_degraded_reason(degraded.unwrap_or(DegradedReason::DegradedNone));
+    response
+}
+
+/// The answer to a pick its tenant's budget did not admit: no worker, nothing recorded.
+pub(crate) fn rejected(policy: Policy, rejection: kvroute_core::wire::Rejection) -> PickResponse {
+    let mut response = PickResponse { policy: policy.to_string(), rejection: Some(rejection), ..Default::default() };
+    response.set_tokenization(TokenizationPath::TokenizationNone);
     response
 }
 
@@ -253,6 +304,7 @@ fn record(
     prompt: &PromptView,
     chosen: &Candidate,
     requested: u64,
+    budget: Option<crate::tenancy::Scope>,
     rng: &mut impl RngCore,
     now: Instant,
 ) -> AssignmentId {
@@ -284,6 +336,7 @@ fn record(
             created_at: now,
             first_token_at: None,
             predicted_cached_tokens,
+            budget: budget.clone(),
         };
         match state.apply_at(FleetEvent::Assigned { assignment, credit: credit.clone() }, now) {
             // Taken (2^-64 odds, or a replica sharing seed and salt): drawn again rather than
@@ -292,6 +345,9 @@ fn record(
             // The proxy cancelled it already: nothing is recorded or learned.
             Applied::Abandoned => {
                 state.metrics.picks_abandoned.inc();
+                if let Some(scope) = budget {
+                    state.tenants.settle(scope, id.0, 0);
+                }
                 return id;
             }
             _ => {}

@@ -24,6 +24,7 @@ pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
         Some(event) => {
             let applied = state.apply(event);
             observe(&state.metrics, report, kind, &applied);
+            settle(state, report, &applied);
             match applied {
                 Applied::FirstToken { .. } | Applied::Freed(_) => ReportOutcomeLabel::Applied,
                 Applied::Duplicate => ReportOutcomeLabel::Duplicate,
@@ -33,6 +34,38 @@ pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
     };
     state.metrics.reports.get_or_create(&ReportLabels { kind, outcome }).inc();
     outcome
+}
+
+/// A finished request's budget reservation is replaced by what it really cost (see
+/// [`crate::tenancy::settled_tokens`]); its usage is counted for its tenant.
+fn settle(state: &AppState, report: &Report, applied: &Applied) {
+    let Applied::Freed(a) = applied else { return };
+    let tenant = a.budget.as_ref().map_or(report.tenant.as_str(), |s| &*s.tenant);
+    let label = state.tenants.label(tenant);
+    let m = &state.metrics;
+    m.count_tenant_tokens(&label, "prompt", u64::from(report.prompt_tokens));
+    m.count_tenant_tokens(&label, "cached", u64::from(report.cached_tokens.unwrap_or(0)));
+    m.count_tenant_tokens(&label, "completion", u64::from(report.completion_tokens));
+    let Some(scope) = a.budget.clone() else { return };
+    let tokens = crate::tenancy::settled_tokens(
+        report.prompt_tokens,
+        report.cached_tokens,
+        report.completion_tokens,
+        a.uncached_tokens,
+        a.first_token_at.is_some(),
+    );
+    m.count_tenant_tokens(&label, "charged", tokens);
+    state.tenants.settle(scope, a.id.0, tokens);
+}
+
+/// An assignment freed without a report (the proxy never used the pick): its reservation is
+/// given back.
+pub fn refund(state: &AppState, applied: &Applied) {
+    if let Applied::Freed(a) = applied {
+        if let Some(scope) = a.budget.clone() {
+            state.tenants.settle(scope, a.id.0, 0);
+        }
+    }
 }
 
 /// Passive detection: a failure the proxy saw on the chosen worker marks it suspect at once
@@ -132,6 +165,7 @@ mod tests {
             created_at: tokio::time::Instant::now(),
             first_token_at: None,
             predicted_cached_tokens: Some(predicted_cached),
+            budget: None,
         }
     }
 

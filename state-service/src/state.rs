@@ -35,6 +35,8 @@ pub struct Shared {
     scraper: Scraper,
     /// Slots for picks being decided (`resilience.max_concurrent_picks`).
     pub pick_slots: tokio::sync::Semaphore,
+    /// Tenants' budgets: admission at the pick, settlement from the reports.
+    pub tenants: crate::tenancy::Tenants,
     /// Set once [`AppState::start_feeds`] ran: workers registered later start theirs at once.
     /// Held while starting, so a worker registered concurrently is started exactly once.
     feeds: Mutex<Option<Feeds>>,
@@ -81,11 +83,12 @@ impl AppState {
             policy: RwLock::new(config.policy),
             fleet,
             metrics,
-            store,
+            store: store.clone(),
             tokenization,
             scraper,
             feeds: Mutex::new(None),
             pick_slots: tokio::sync::Semaphore::new(config.resilience.max_concurrent_picks),
+            tenants: crate::tenancy::Tenants::new(config.tenancy.clone(), store.ledger(), t.assignment_ttl_ms),
             config: config.clone(),
         }));
         for worker in config.workers.iter().cloned() {
@@ -173,6 +176,18 @@ impl AppState {
             feeds.start(&worker);
         }
         *slot = Some(feeds);
+        if self.tenants.is_shared() {
+            let state = self.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(crate::tenancy::OVERRIDES_REFRESH);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = state.tenants.refresh().await {
+                        tracing::debug!(error = %e, "budget overrides not refreshed");
+                    }
+                }
+            });
+        }
     }
 
     /// Validates and registers a worker, and starts its feeds once feeds run.

@@ -94,4 +94,10 @@ pub trait SharedStore: Send + Sync + 'static {
     fn id_salt(&self) -> u64 {
         0
     }
+
+    /// The budget ledger shared by every replica on this store; `None`: nothing is shared,
+    /// the service keeps its own ([`crate::tenancy::window::MemoryLedger`]).
+    fn ledger(&self) -> Option<Arc<dyn crate::tenancy::Ledger>> {
+        None
+    }
 }

@@ -196,6 +196,7 @@ fn park(state: &AppState, id: &str, n: u64) {
             created_at: Instant::now(),
             first_token_at: None,
             predicted_cached_tokens: None,
+            budget: None,
         };
         state.apply(kvroute_state::fleet::FleetEvent::Assigned { assignment, credit: Arc::from([]) });
     }

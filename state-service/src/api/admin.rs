@@ -100,3 +100,37 @@ pub async fn reset(State(state): State<AppState>) -> Result<StatusCode, ApiError
     tracing::info!("learned state reset");
     Ok(StatusCode::NO_CONTENT)
 }
+
+#[derive(Deserialize)]
+pub struct BudgetScope {
+    /// The tenant's budget for this model rather than its own.
+    model: Option<String>,
+}
+
+/// `PUT /admin/tenants/{tenant}/budget[?model=M]` with `{"tokens_per_minute": .., "requests_per_minute": ..,
+/// "concurrent_requests": ..}` (an absent limit is unlimited): replaces the configured limits
+/// at once, for every replica sharing the ledger. A per-model budget applies only to a model
+/// the tenant's configured budget lists.
+pub async fn set_budget(
+    State(state): State<AppState>,
+    Path(tenant): Path<String>,
+    Query(scope): Query<BudgetScope>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let limits: crate::tenancy::Limits = json_body(&body, "budget")?;
+    if !crate::tenancy::valid_tenant(&tenant) {
+        return Err(ApiError::BadRequest(format!("{tenant:?} is not a tenant name (1 to 128 printable characters, no spaces)")));
+    }
+    if [limits.tokens_per_minute, limits.requests_per_minute, limits.concurrent_requests].contains(&Some(0)) {
+        return Err(ApiError::BadRequest("a limit of 0 admits nothing: omit it for unlimited".into()));
+    }
+    state.tenants.set_limits(&tenant, scope.model.as_deref(), Some(limits)).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    tracing::info!(%tenant, model = ?scope.model, ?limits, "budget changed");
+    Ok(Json(json!({ "tenant": tenant, "model": scope.model, "limits": limits })))
+}
+
+/// `DELETE /admin/tenants/{tenant}/budget[?model=M]`: back to the configured limits.
+pub async fn clear_budget(State(state): State<AppState>, Path(tenant): Path<String>, Query(scope): Query<BudgetScope>) -> Result<StatusCode, ApiError> {
+    state.tenants.set_limits(&tenant, scope.model.as_deref(), None).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -108,6 +108,14 @@ pub async fn assignments(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "count": table.len(), "assignments": list }))
 }
 
+/// Every tenant this replica knows (configured, overridden at runtime, or seen), each budget's
+/// limits, usage over the current minute and what remains. With Redis the usage is every
+/// replica's together.
+pub async fn tenants(State(state): State<AppState>) -> Result<Json<Value>, super::ApiError> {
+    let tenants = state.tenants.report().await.map_err(|e| super::ApiError::Unavailable(e.to_string()))?;
+    Ok(Json(json!({ "window_s": crate::tenancy::WINDOW_MS / 1000, "tenants": tenants })))
+}
+
 pub async fn healthz() -> &'static str {
     "ok\n"
 }

@@ -34,12 +34,16 @@ pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes
         return Err(ApiError::Overloaded(state.config.resilience.max_concurrent_picks));
     };
     let request: PickRequest = format.decode(&body, "PickRequest")?;
-    // Tokenizing may use most of the proxy's budget, never all of it: the decision and the
+    if !request.tenant.is_empty() && !crate::tenancy::valid_tenant(&request.tenant) {
+        return Err(ApiError::BadRequest("PickRequest.tenant: 1 to 128 printable characters, no spaces".into()));
+    }
+    // Tokenizing may use most of the proxy's time, never all of it: the decision and the
     // answer's trip back need the rest.
-    let budget = deadline.map(|d| arrived + d.mul_f64(0.7));
-    let response = crate::pick::tokenized::pick(&state, &request, budget).await;
+    let until = deadline.map(|d| arrived + d.mul_f64(0.7));
+    let response = crate::pick::tokenized::pick(&state, &request, until).await;
     if deadline.is_some_and(|d| arrived.elapsed() > d) && response.assignment_id != 0 {
-        state.apply(FleetEvent::Cancelled { id: AssignmentId(response.assignment_id) });
+        let applied = state.apply(FleetEvent::Cancelled { id: AssignmentId(response.assignment_id) });
+        crate::report::refund(&state, &applied);
         state.metrics.picks_abandoned.inc();
     }
     Ok(format.respond(&response))

@@ -285,6 +285,7 @@ mod tests {
             created_at: now,
             first_token_at: None,
             predicted_cached_tokens: None,
+            budget: None,
         }
     }
 

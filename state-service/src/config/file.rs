@@ -56,6 +56,8 @@ pub struct Config {
     /// adopted from another replica through Redis alike (the filter's `allowed_targets` is
     /// the proxy-side twin).
     pub allowed_targets: Vec<String>,
+    /// Tenants' budgets (see the README's "Tenants and budgets").
+    pub tenancy: crate::tenancy::TenancyConfig,
 }
 
 impl Default for Config {
@@ -81,6 +83,7 @@ impl Default for Config {
             tokenization: Tokenization::default(),
             resilience: Resilience::default(),
             allowed_targets: Vec::new(),
+            tenancy: crate::tenancy::TenancyConfig::default(),
         }
     }
 }

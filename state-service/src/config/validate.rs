@@ -90,6 +90,13 @@ impl Config {
         if self.admin_token.is_some() && self.admin_token_file.is_some() {
             return Err(invalid("admin_token_file", "set admin_token or admin_token_file, not both"));
         }
+        self.tenancy.validate().map_err(|(field, message)| invalid(field, message))?;
+        if self.tenancy.has_budgets() && self.api_token.is_none() && self.api_token_file.is_none() {
+            return Err(invalid(
+                "tenancy.budgets",
+                "budgets need api_token (or api_token_file / KVROUTE_API_TOKEN): the service trusts a tenant only from an authenticated proxy",
+            ));
+        }
         let p = &self.priors;
         check_cost("priors.per_token_ms", p.per_token_ms)?;
         check_cost("priors.overhead_ms", p.overhead_ms)?;

@@ -106,6 +106,8 @@ label_enum!(
         Degraded => "degraded",
         /// No worker chosen: the proxy falls back.
         Fallback => "fallback",
+        /// The tenant's budget did not admit it: the proxy answers 429.
+        Rejected => "rejected",
     }
 );
 
@@ -174,4 +176,16 @@ pub struct TokenizationLabels {
 pub struct TokenizeFailureLabels {
     pub path: Path,
     pub reason: TokenizeFailure,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TenantTokenLabels {
+    pub tenant: String,
+    pub kind: String,
 }

@@ -7,7 +7,9 @@
 //! a worker to ask); the decision's snapshot of load and health is taken after it, so a
 //! slow tokenization never decides on load that is milliseconds old.
 
-use super::{decide, finish, PromptView};
+use super::{commit, finish, plan, rejected, Plan, PromptView};
+use crate::tenancy::{Admission, Charge};
+use rand::RngCore;
 use crate::score::Policy;
 use crate::state::AppState;
 use crate::tokenize::wants_tokens;
@@ -16,13 +18,18 @@ use kvroute_core::wire::{PickRequest, PickResponse};
 
 /// Decides where `req` goes, tokenizing its prompt when that can make the match exact.
 ///
-/// `budget`: when the proxy stops waiting for the answer; tokenizing gives up before it (the
+/// `deadline`: when the proxy stops waiting for the answer; tokenizing gives up before it (the
 /// pick then uses text-chunk keys), whatever `tokenization.deadline_ms` allows.
-pub async fn pick(state: &AppState, req: &PickRequest, budget: Option<std::time::Instant>) -> PickResponse {
+///
+/// A request with a tenant whose budget applies is admitted between the decision and its
+/// record: charged the predicted uncached prompt tokens on the chosen worker plus its output
+/// reservation; a request that does not fit is answered with a rejection and leaves nothing
+/// behind.
+pub async fn pick(state: &AppState, req: &PickRequest, deadline: Option<std::time::Instant>) -> PickResponse {
     let policy = state.policy();
     let prompt = match policy {
         // Dynamo tokenizes in its frontend: its KV router matches exact blocks too.
-        Policy::Kvroute | Policy::DynamoKv if wants_tokens(req) => match budget {
+        Policy::Kvroute | Policy::DynamoKv if wants_tokens(req) => match deadline {
             Some(until) => match tokio::time::timeout_at(until.into(), exact_prompt(state, req)).await {
                 Ok(prompt) => prompt,
                 Err(_) => {
@@ -37,7 +44,25 @@ pub async fn pick(state: &AppState, req: &PickRequest, budget: Option<std::time:
     // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.
     let started = std::time::Instant::now();
     let view = state.fleet.model_view(&req.model);
-    finish(state, policy, started, decide(state, policy, req, view, prompt))
+    let chosen = match plan(state, policy, req, view, prompt) {
+        Plan::Fallback(response) => return finish(state, policy, started, response),
+        Plan::Chosen(chosen) => chosen,
+    };
+    // The budget's reservation is named by the assignment id: the proxy's, else one drawn now.
+    let id = match req.assignment_id {
+        0 => state.selector.rng().next_u64() ^ state.store.id_salt(),
+        id => id,
+    };
+    let output = match req.max_tokens {
+        0 => state.tenants.config().default_output_tokens,
+        n => n,
+    };
+    let charge = Charge { tenant: &req.tenant, model: &req.model, id, tokens: u64::from(chosen.uncached_tokens()) + u64::from(output) };
+    let response = match state.tenants.admit(&charge, &state.metrics).await {
+        Admission::Rejected(rejection) => rejected(policy, rejection),
+        admitted => commit(state, req, chosen, id, admitted.scope().cloned()),
+    };
+    finish(state, policy, started, response)
 }
 
 async fn exact_prompt(state: &AppState, req: &PickRequest) -> Option<PromptView> {

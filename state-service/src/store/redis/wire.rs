@@ -30,6 +30,9 @@ pub struct Record {
     pub created_unix_ms: u64,
     #[serde(default)]
     pub first_token: bool,
+    /// The tenant budget it reserved under (tenant, model), so any replica settles it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<(String, Option<String>)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -83,6 +86,7 @@ impl Record {
             keys: keys.iter().map(|k| k.0).collect(),
             created_unix_ms: unix_ms().saturating_sub(age),
             first_token: a.first_token_at.is_some(),
+            budget: a.budget.as_ref().map(|s| (s.tenant.to_string(), s.model.as_deref().map(str::to_string))),
         }
     }
 
@@ -123,6 +127,7 @@ impl Record {
             created_at,
             first_token_at: self.first_token.then_some(now),
             predicted_cached_tokens: None,
+            budget: self.budget.as_ref().map(|(t, m)| crate::tenancy::Scope { tenant: t.as_str().into(), model: m.as_deref().map(Into::into) }),
         })
     }
 
@@ -149,6 +154,7 @@ mod tests {
             created_at: now,
             first_token_at: None,
             predicted_cached_tokens: None,
+            budget: None,
         };
         let r = Record::new(&a, &[BlockKey(1), BlockKey(u64::MAX)], "r1");
         let m = Message { from: "r1".into(), event: Event::Assigned(r.clone()) };
