@@ -51,8 +51,7 @@ pub struct RawConfig {
     pub report_max_batch: usize,
     pub report_max_pending: usize,
     pub response_tail_bytes: usize,
-    pub tenant_header: Option<String>,
-    pub trust_tenant_header: bool,
+    pub identity: crate::identity::RawIdentity,
     pub strip_headers: Vec<String>,
     pub fallback_endpoints: usize,
     pub trusted_sources: Vec<String>,
@@ -90,8 +89,7 @@ impl Default for RawConfig {
             report_max_batch: 512,
             report_max_pending: 20_000,
             response_tail_bytes: 16 << 10,
-            tenant_header: None,
-            trust_tenant_header: false,
+            identity: crate::identity::RawIdentity::default(),
             strip_headers: Vec::new(),
             fallback_endpoints: 2,
             trusted_sources: Vec::new(),
@@ -170,9 +168,8 @@ pub struct Config {
     pub report_max_batch: usize,
     pub report_max_pending: usize,
     pub response_tail_bytes: usize,
-    /// Lower-case tenant header name, if any.
-    pub tenant_header: Option<String>,
-    pub trust_tenant_header: bool,
+    /// Where the tenant comes from (see `identity.rs`).
+    pub identity: crate::identity::Identity,
     /// Lower-case extra headers removed from every client request.
     pub strip_headers: Vec<String>,
     /// Endpoint mode: how many of the pick's fallback endpoints follow the chosen one in the
@@ -212,6 +209,8 @@ pub enum ConfigError {
     NoTokenEnv(String),
     #[error("the state token must be at least 32 printable characters")]
     WeakToken,
+    #[error("`identity`: {0}")]
+    Identity(String),
 }
 
 impl Config {
@@ -259,7 +258,7 @@ impl Config {
             (None, RoutingMode::Endpoint) => DEFAULT_ENDPOINT_HEADER.into(),
             (None, RoutingMode::Cluster) => DEFAULT_CLUSTER_HEADER.into(),
         };
-        let tenant_header = raw.tenant_header.as_deref().map(|h| header_name("tenant_header", h)).transpose()?;
+        let identity = crate::identity::Identity::validate(raw.identity, header_name)?;
         let strip_headers =
             raw.strip_headers.iter().map(|h| header_name("strip_headers", h)).collect::<Result<Vec<_>, _>>()?;
         let trusted_sources = raw
@@ -301,8 +300,7 @@ impl Config {
             report_max_batch: raw.report_max_batch,
             report_max_pending: raw.report_max_pending,
             response_tail_bytes: raw.response_tail_bytes,
-            tenant_header,
-            trust_tenant_header: raw.trust_tenant_header,
+            identity,
             strip_headers,
             fallback_endpoints: raw.fallback_endpoints,
             trusted_sources,

@@ -2,7 +2,7 @@
 //! the state service, and what its answer means for this request (a route, or a fallback with a
 //! reason). The proxy-wasm glue in `http.rs` only moves bytes between Envoy and these.
 
-use crate::config::{Config, RoutingMode, OWN_HEADER_PREFIX};
+use crate::config::{Cidr, Config, RoutingMode, OWN_HEADER_PREFIX};
 use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
 use kvroute_core::request::{Prompt, PromptRequest};
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath, UpstreamFailure};
@@ -114,8 +114,10 @@ impl FallbackReason {
 }
 
 /// Request headers to remove before anything else sees the request: kvroute's own, the
-/// routing header, configured extras, and the tenant header unless the deployment trusts it.
-pub fn headers_to_strip<'a>(config: &Config, names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+/// routing header, configured extras, and each tenant header of an `identity` header source
+/// unless `trusted_hop(its ranges)` (the downstream peer is one of them).
+pub fn headers_to_strip<'a>(config: &Config, names: impl IntoIterator<Item = &'a str>, trusted_hop: impl Fn(&[Cidr]) -> bool) -> Vec<String> {
+    let untrusted: Vec<&str> = config.identity.header_sources().filter(|(_, ranges)| !trusted_hop(ranges)).map(|(name, _)| name).collect();
     names
         .into_iter()
         .map(str::to_ascii_lowercase)
@@ -123,7 +125,7 @@ pub fn headers_to_strip<'a>(config: &Config, names: impl IntoIterator<Item = &'a
             n.starts_with(OWN_HEADER_PREFIX)
                 || *n == config.route_header
                 || config.strip_headers.iter().any(|s| s == n)
-                || (!config.trust_tenant_header && config.tenant_header.as_deref() == Some(n.as_str()))
+                || untrusted.contains(&n.as_str())
         })
         .collect()
 }
@@ -329,14 +331,13 @@ mod tests {
 
     #[test]
     fn strips_own_routing_and_untrusted_tenant_headers() {
-        let c = config(r#","tenant_header":"x-tenant","strip_headers":["x-evil"]"#);
+        let c = config(r#","identity":{"sources":[{"header":{"name":"X-Tenant","trusted_sources":["10.0.0.0/8"]}}]},"strip_headers":["x-evil"]"#);
         let names = ["X-KVRoute-Fallback", "x-gateway-destination-endpoint", "x-tenant", "x-evil", "content-type"];
         assert_eq!(
-            headers_to_strip(&c, names),
+            headers_to_strip(&c, names, |_| false),
             vec!["x-kvroute-fallback", "x-gateway-destination-endpoint", "x-tenant", "x-evil"]
         );
-        let trusted = config(r#","tenant_header":"x-tenant","trust_tenant_header":true"#);
-        assert_eq!(headers_to_strip(&trusted, ["x-tenant"]), Vec::<String>::new());
+        assert_eq!(headers_to_strip(&c, ["x-tenant"], |_| true), Vec::<String>::new(), "a trusted hop's header stays");
     }
 
     #[test]

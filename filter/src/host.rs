@@ -66,6 +66,12 @@ pub fn now_ms() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Answers the request from the filter (nothing goes upstream).
+pub fn send_reply(reply: &crate::reply::Reply) {
+    let headers: Vec<(&str, &str)> = reply.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    warn_on_err("send_http_response", hc::send_http_response(reply.status, headers, Some(&reply.body)));
+}
+
 pub fn resume_request() {
     warn_on_err("resume_http_request", hc::resume_http_request());
 }

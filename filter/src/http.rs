@@ -10,7 +10,10 @@ use crate::decision::{
     build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, upstream_failure, FallbackReason,
     RequestMeta,
 };
+use crate::config::Cidr;
 use crate::host;
+use crate::identity::{resolve, Facts};
+use crate::reply::{self, Reply};
 use crate::report::ResponseTracker;
 use crate::shared::Shared;
 use kvroute_core::request::{parse, Api};
@@ -49,6 +52,25 @@ pub struct HttpFilter {
     address: String,
     /// The request asked for a stream: only then is the response's first byte its first token.
     streaming: bool,
+    /// The API of an LLM request (the shape of the filter's own error replies).
+    api: Option<Api>,
+}
+
+/// Identity's view of the host, for one request's headers.
+struct HostFacts<F: Fn(&[Cidr]) -> bool> {
+    trusted_hop: F,
+}
+
+impl<F: Fn(&[Cidr]) -> bool> Facts for HostFacts<F> {
+    fn property(&self, path: &[&str]) -> Option<String> {
+        host::property(path)
+    }
+    fn header(&self, name: &str) -> Option<String> {
+        host::header(MapType::HttpRequestHeaders, name)
+    }
+    fn peer_in(&self, ranges: &[Cidr]) -> bool {
+        (self.trusted_hop)(ranges)
+    }
 }
 
 impl HttpFilter {
@@ -62,6 +84,7 @@ impl HttpFilter {
             tracker: None,
             address: String::new(),
             streaming: false,
+            api: None,
         }
     }
 
@@ -113,8 +136,9 @@ impl HttpFilter {
         }
     }
 
-    /// Applies a pick response; returns the fallback reason when it cannot be used.
-    fn apply_pick(&mut self, body_size: usize) -> Result<(), (FallbackReason, String)> {
+    /// Applies a pick response: `Ok(Some(reply))` when the tenant's budget rejected the
+    /// request (the filter answers it), the fallback reason when it cannot be used.
+    fn apply_pick(&mut self, body_size: usize) -> Result<Option<Reply>, (FallbackReason, String)> {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status");
         // A non-2xx answer is never read for a reason: the state service says "unknown model"
         // (and every other why) in a 200's `degraded_reason`, so the status alone classifies.
@@ -123,6 +147,11 @@ impl HttpFilter {
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
+        if let Some(rejection) = &resp.rejection {
+            host::increment(self.shared.metrics.rejected);
+            host::log(LogLevel::Info, &format!("kvroute: request {} of tenant {} rejected: {}", self.meta.request_id, self.meta.tenant, rejection.message));
+            return Ok(Some(reply::rejected(self.api, rejection)));
+        }
         let route =
             route_from_pick(&self.shared.config, &resp, self.meta.trusted).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
         host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
@@ -130,18 +159,23 @@ impl HttpFilter {
         host::increment(self.shared.metrics.routed);
         if route.assignment_id != 0 {
             let tail = self.shared.config.response_tail_bytes;
-            self.tracker = Some(ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming));
+            self.tracker = Some(ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming).with_tenant(&self.meta.tenant));
         }
         self.decision = Some(route.decision);
         self.address = route.address;
-        Ok(())
+        Ok(None)
     }
 
     /// The state service may hold (or be about to record) an assignment for this request that
     /// will never be used: cancel it by the id this filter named.
     fn cancel_assignment(&self) {
         if self.meta.assignment_id != 0 {
-            self.queue([Report { assignment_id: self.meta.assignment_id, kind: ReportKind::ReportCancel as i32, ..Report::default() }]);
+            self.queue([Report {
+                assignment_id: self.meta.assignment_id,
+                kind: ReportKind::ReportCancel as i32,
+                tenant: self.meta.tenant.clone(),
+                ..Report::default()
+            }]);
         }
     }
 
@@ -164,8 +198,11 @@ impl Context for HttpFilter {
         self.phase = Phase::Idle;
         let elapsed = (host::now_ms() - sent_ms).max(0.0);
         host::record(self.shared.metrics.pick_latency_us, (elapsed * 1000.0).round() as u64);
-        if let Err((reason, detail)) = self.apply_pick(body_size) {
-            self.fall_back(reason, &detail);
+        match self.apply_pick(body_size) {
+            // Answered here: the request goes nowhere.
+            Ok(Some(reply)) => return host::send_reply(&reply),
+            Ok(None) => {}
+            Err((reason, detail)) => self.fall_back(reason, &detail),
         }
         host::resume_request();
     }
@@ -174,7 +211,10 @@ impl Context for HttpFilter {
 impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let c = &self.shared.config;
-        let forged = headers_to_strip(c, host::header_names(MapType::HttpRequestHeaders).iter().map(String::as_str));
+        let peer = (c.identity.needs_peer() || c.decision_header).then(|| host::property(&["source", "address"])).flatten();
+        let peer_ip = peer.as_deref().and_then(crate::config::peer_ip);
+        let trusted_hop = |ranges: &[Cidr]| peer_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(ip)));
+        let forged = headers_to_strip(c, host::header_names(MapType::HttpRequestHeaders).iter().map(String::as_str), trusted_hop);
         for name in &forged {
             host::remove_header(MapType::HttpRequestHeaders, name);
         }
@@ -183,16 +223,22 @@ impl HttpContext for HttpFilter {
             host::clear_route_cache();
         }
         let path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
-        if c.api_for_path(&path).is_none() {
+        let Some(api) = c.api_for_path(&path) else {
             return Action::Continue;
-        }
+        };
+        self.api = Some(api);
         host::increment(self.shared.metrics.llm_requests);
         self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
-        self.meta.trusted = c.decision_header && c.trusts(host::property(&["source", "address"]).as_deref());
-        if c.trust_tenant_header {
-            if let Some(h) = &c.tenant_header {
-                self.meta.tenant = host::header(MapType::HttpRequestHeaders, h).unwrap_or_default();
+        self.meta.trusted = c.decision_header && c.trusts(peer.as_deref());
+        match resolve(&c.identity, &HostFacts { trusted_hop }) {
+            Some((tenant, _source)) => self.meta.tenant = tenant,
+            None if c.identity.required => {
+                host::increment(self.shared.metrics.unauthenticated);
+                host::log(LogLevel::Info, &format!("kvroute: request {} has no verified identity: 401", self.meta.request_id));
+                host::send_reply(&reply::unauthenticated(Some(api)));
+                return Action::Pause;
             }
+            None => self.meta.tenant = c.identity.default_tenant.clone().unwrap_or_default(),
         }
         if end_of_stream {
             self.fall_back(FallbackReason::NoBody, "");

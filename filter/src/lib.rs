@@ -5,6 +5,9 @@
 //! - [`config`]: the plugin configuration (JSON), parsed and validated once.
 //! - [`decision`]: pure request-path logic: header stripping, pick request building, pick
 //!   response -> route or fallback reason.
+//! - [`identity`]: the request's tenant, from the proxy's verified facts only.
+//! - [`reply`]: the filter's own answers (401 without identity, 429 over budget), shaped like
+//!   the API the client called so its SDK raises its usual error.
 //! - [`usage`], [`report`]: response tail, `usage` parsing, first-token / complete / cancel
 //!   tracking, and the bounded report batch queue.
 //! - `host`, `metrics`, `shared`, `root`, `http`: the thin proxy-wasm glue (host calls that
@@ -20,6 +23,8 @@
 
 pub mod config;
 pub mod decision;
+pub mod identity;
+pub mod reply;
 pub mod report;
 pub mod usage;
 

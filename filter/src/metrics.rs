@@ -25,6 +25,10 @@ pub struct Metrics {
     pub report_failures: Option<u32>,
     /// Reports dropped because the pending queue was full.
     pub reports_dropped: Option<u32>,
+    /// Requests answered 429/503 because their tenant's budget did not admit them.
+    pub rejected: Option<u32>,
+    /// Requests answered 401: identity required, none verified.
+    pub unauthenticated: Option<u32>,
 }
 
 impl Metrics {
@@ -41,6 +45,8 @@ impl Metrics {
             reports_sent: counter("kvroute_reports_sent"),
             report_failures: counter("kvroute_report_failures"),
             reports_dropped: counter("kvroute_reports_dropped"),
+            rejected: counter("kvroute_rejected"),
+            unauthenticated: counter("kvroute_unauthenticated"),
         }
     }
 

@@ -74,6 +74,12 @@ pub struct ResponseTracker {
     tail: Tail,
     /// What happened to the chosen worker, told once: on the first report after the headers.
     upstream: Option<(UpstreamFailure, String)>,
+    /// The request's tenant, in every report (budgets settle by it).
+    tenant: String,
+    /// Token deltas seen in a streamed body (`"delta"` keys: one per OpenAI chunk, one per
+    /// Anthropic content delta): what a stream cancelled before its usage cost, and the
+    /// completion count of a stream that never sent usage.
+    streamed: u32,
 }
 
 impl ResponseTracker {
@@ -87,7 +93,13 @@ impl ResponseTracker {
             done: false,
             tail: Tail::new(tail_bytes),
             upstream: None,
+            tenant: String::new(),
+            streamed: 0,
         }
+    }
+
+    pub fn with_tenant(self, tenant: &str) -> ResponseTracker {
+        ResponseTracker { tenant: tenant.to_string(), ..self }
     }
 
     fn report(&mut self, kind: ReportKind, now_ms: f64) -> Report {
@@ -99,6 +111,7 @@ impl ResponseTracker {
             status: self.status,
             upstream_failure: failure as i32,
             served_by,
+            tenant: self.tenant.clone(),
             ..Report::default()
         }
     }
@@ -148,6 +161,9 @@ impl ResponseTracker {
             return out;
         }
         self.tail.push(chunk);
+        if self.streaming {
+            self.streamed = self.streamed.saturating_add(count(chunk, b"\"delta\""));
+        }
         if len > 0 && !self.first_token {
             self.first_token = true;
             let mut r = self.report(ReportKind::ReportFirstToken, now_ms);
@@ -173,6 +189,9 @@ impl ResponseTracker {
             r.completion_tokens = u.completion_tokens;
             r.cached_tokens = u.cached_tokens;
         }
+        if r.completion_tokens == 0 {
+            r.completion_tokens = self.streamed;
+        }
         vec![r]
     }
 
@@ -182,8 +201,24 @@ impl ResponseTracker {
             return None;
         }
         self.done = true;
-        Some(self.report(ReportKind::ReportCancel, now_ms))
+        let mut r = self.report(ReportKind::ReportCancel, now_ms);
+        r.completion_tokens = self.streamed;
+        Some(r)
     }
+}
+
+/// Occurrences of `needle` in `hay` (non-overlapping).
+fn count(hay: &[u8], needle: &[u8]) -> u32 {
+    if needle.is_empty() {
+        return 0;
+    }
+    let mut n = 0u32;
+    let mut rest = hay;
+    while let Some(at) = rest.windows(needle.len()).position(|w| w == needle) {
+        n = n.saturating_add(1);
+        rest = rest.get(at + needle.len()..).unwrap_or_default();
+    }
+    n
 }
 
 #[cfg(test)]
@@ -236,6 +271,22 @@ mod tests {
         assert_eq!((r[0].elapsed_ms, r[1].elapsed_ms), (0.0, 5.0), "a non-streamed body's first byte is no TTFT");
         let mut h = ResponseTracker::new(2, 0.0, 64, false);
         assert_eq!(kinds(&h.on_headers(Some(500), true, 1.0, ok())), vec![ReportKind::ReportComplete as i32]);
+    }
+
+    #[test]
+    fn a_cancelled_stream_reports_what_it_streamed_and_its_tenant() {
+        let mut t = ResponseTracker::new(7, 0.0, 1024, true).with_tenant("team");
+        t.on_headers(Some(200), false, 1.0, ok());
+        let chunk = br#"data: {"choices":[{"delta":{"content":"a"}}]}
+
+data: {"choices":[{"delta":{"content":"b"}}]}
+
+"#;
+        let first = t.on_body(chunk.len(), chunk, false, 2.0);
+        assert_eq!(first[0].tenant, "team");
+        t.on_body(chunk.len(), chunk, false, 3.0);
+        let cancel = t.on_log(4.0).unwrap();
+        assert_eq!((cancel.kind, cancel.completion_tokens, cancel.tenant.as_str()), (ReportKind::ReportCancel as i32, 4, "team"));
     }
 
     #[test]

@@ -1,0 +1,110 @@
+//! The filter's own answers, in the error shape of the API the client called, so the official
+//! SDKs raise their usual errors: OpenAI's `{"error": {"message", "type", "param", "code"}}`
+//! (`openai.RateLimitError`, `AuthenticationError`), Anthropic's
+//! `{"type": "error", "error": {"type", "message"}}` (`anthropic.RateLimitError`, ...).
+
+use kvroute_core::request::Api;
+use kvroute_core::wire::{BudgetLimit, Rejection};
+use serde_json::json;
+
+/// A local reply: status, headers, JSON body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What kind of error, in each API's vocabulary.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    RateLimit,
+    Unavailable,
+    Unauthenticated,
+}
+
+fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u8> {
+    let value = match api {
+        Some(Api::Messages) => {
+            let t = match kind {
+                Kind::RateLimit => "rate_limit_error",
+                Kind::Unavailable => "api_error",
+                Kind::Unauthenticated => "authentication_error",
+            };
+            json!({ "type": "error", "error": { "type": t, "message": message } })
+        }
+        _ => {
+            let code = match kind {
+                Kind::RateLimit => "rate_limit_exceeded",
+                Kind::Unavailable => "budget_unavailable",
+                Kind::Unauthenticated => "invalid_api_key",
+            };
+            json!({ "error": { "message": message, "type": openai_type, "param": null, "code": code } })
+        }
+    };
+    value.to_string().into_bytes()
+}
+
+/// 429 (503 when the budget store is unavailable) for a request its tenant's budget did not
+/// admit, with `Retry-After` in whole seconds (at least 1) and `retry-after-ms` (which the
+/// OpenAI SDK prefers when present).
+pub fn rejected(api: Option<Api>, rejection: &Rejection) -> Reply {
+    let limit = BudgetLimit::try_from(rejection.limit).unwrap_or(BudgetLimit::BudgetUnspecified);
+    let (status, kind, openai_type) = match limit {
+        BudgetLimit::BudgetUnavailable => (503, Kind::Unavailable, "server_error"),
+        BudgetLimit::BudgetTokens => (429, Kind::RateLimit, "tokens"),
+        BudgetLimit::BudgetRequests => (429, Kind::RateLimit, "requests"),
+        _ => (429, Kind::RateLimit, "requests"),
+    };
+    let ms = rejection.retry_after_ms.max(1);
+    let seconds = ms.div_ceil(1000);
+    let message = if rejection.message.is_empty() { format!("rate limit reached ({})", limit.label()) } else { rejection.message.clone() };
+    Reply {
+        status,
+        headers: vec![
+            ("content-type", "application/json".into()),
+            ("retry-after", seconds.to_string()),
+            ("retry-after-ms", ms.to_string()),
+            ("x-kvroute-rejected", limit.label().into()),
+        ],
+        body: body(api, kind, &message, openai_type),
+    }
+}
+
+/// 401 for a request with no verified identity where identity is required.
+pub fn unauthenticated(api: Option<Api>) -> Reply {
+    let message = "no verified identity: send a valid API key, token or client certificate";
+    Reply {
+        status: 401,
+        headers: vec![("content-type", "application/json".into()), ("www-authenticate", "Bearer".into())],
+        body: body(api, Kind::Unauthenticated, message, "invalid_request_error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn parse(r: &Reply) -> Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    #[test]
+    fn rejections_are_shaped_like_the_called_api() {
+        let r = Rejection { limit: BudgetLimit::BudgetTokens as i32, retry_after_ms: 1500, message: "tenant t: 10 tokens per minute".into() };
+        let openai = rejected(Some(Api::ChatCompletions), &r);
+        assert_eq!(openai.status, 429);
+        assert!(openai.headers.contains(&("retry-after", "2".into())) && openai.headers.contains(&("retry-after-ms", "1500".into())));
+        let v = parse(&openai);
+        assert_eq!((v["error"]["type"].as_str(), v["error"]["code"].as_str()), (Some("tokens"), Some("rate_limit_exceeded")));
+        assert_eq!(v["error"]["message"], "tenant t: 10 tokens per minute");
+        let anthropic = parse(&rejected(Some(Api::Messages), &r));
+        assert_eq!((anthropic["type"].as_str(), anthropic["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")));
+        let down = rejected(None, &Rejection { limit: BudgetLimit::BudgetUnavailable as i32, retry_after_ms: 0, message: String::new() });
+        assert_eq!(down.status, 503);
+        assert!(down.headers.contains(&("retry-after", "1".into())), "never Retry-After: 0");
+        assert_eq!(parse(&unauthenticated(Some(Api::Messages)))["error"]["type"], "authentication_error");
+        assert_eq!(unauthenticated(Some(Api::Completions)).status, 401);
+    }
+}
