@@ -60,12 +60,53 @@ pub struct EnvoyExtra {
     pub plain_listener: bool,
     /// Load this module instead of the kvroute filter (e.g. one that traps).
     pub module: Option<std::path::PathBuf>,
+    /// HTTP filters (YAML list items at the chain's indentation) placed before kvroute, e.g.
+    /// `jwt_authn`: what the proxy verifies before the filter reads it.
+    pub filters_before: String,
+    /// Serve the LLM listener over TLS, verifying client certificates when presented.
+    pub downstream_tls: Option<DownstreamTls>,
+}
+
+/// PEM files of the listener's TLS (a test CA made at test time).
+#[derive(Clone, Debug)]
+pub struct DownstreamTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// Client certificates must chain to this CA; a client may also present none.
+    pub client_ca: std::path::PathBuf,
 }
 
 impl Default for EnvoyExtra {
     fn default() -> Self {
-        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None }
+        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None, filters_before: String::new(), downstream_tls: None }
     }
+}
+
+/// The LLM listener's filter chain over TLS (client certificates optional, verified).
+fn with_downstream_tls(config: &str, tls: &DownstreamTls) -> Result<String> {
+    const CHAIN: &str = "\n    filter_chains:\n    - filters:\n";
+    anyhow::ensure!(config.contains(CHAIN), "template layout changed: no filter_chains");
+    let socket = format!(
+        r#"
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: false
+          common_tls_context:
+            tls_certificates:
+            - certificate_chain: {{ filename: "{}" }}
+              private_key: {{ filename: "{}" }}
+            validation_context:
+              trusted_ca: {{ filename: "{}" }}
+      filters:
+"#,
+        tls.cert.display(),
+        tls.key.display(),
+        tls.client_ca.display()
+    );
+    Ok(config.replacen(CHAIN, &socket, 1))
 }
 
 pub struct Envoy {
@@ -177,6 +218,14 @@ impl Envoy {
             })
             .collect();
         let mut template = if extra.wasm { template } else { without_wasm_filter(&template)? };
+        if !extra.filters_before.is_empty() {
+            const KVROUTE: &str = "\n          - name: kvroute\n";
+            anyhow::ensure!(template.contains(KVROUTE), "template layout changed: no kvroute filter");
+            template = template.replacen(KVROUTE, &format!("\n{}\n          - name: kvroute\n", extra.filters_before.trim_end()), 1);
+        }
+        if let Some(tls) = &extra.downstream_tls {
+            template = with_downstream_tls(&template, tls)?;
+        }
         let plain_port = extra.plain_listener.then(free_port);
         if let Some(p) = plain_port {
             anyhow::ensure!(template.contains("\n  listeners:\n") && template.contains("\n  clusters:\n"), "template layout changed");
