@@ -1,6 +1,6 @@
 //! The Redis store with real `redis-server`s: the mirror against the reference model,
 //! replicas sharing assignments and runtime-registered workers, warm restarts from the
-//! mirror, shard outages.
+//! mirror, shard outages, the shared budget ledger.
 
 #[path = "redis_store/support.rs"]
 mod support;
@@ -28,3 +28,5 @@ mod stale_records;
 mod tls;
 #[path = "redis_store/lost_frees.rs"]
 mod lost_frees;
+#[path = "redis_store/ledger.rs"]
+mod ledger;

@@ -16,14 +16,19 @@
 //! a heartbeat; while a shard is down (or its subscription silent) picks are marked degraded
 //! (`state_unavailable`), its writes are dropped and counted, and its mirrors are rewritten
 //! once it is back. Each shard has its own write queue, so a slow one delays only itself.
+//!
+//! The budget ledger ([`ledger`]) lives here too: one sliding log per tenant scope on the
+//! shard that owns it, changed only by atomic scripts, so every replica charges one budget.
 
 pub mod lease;
+pub mod ledger;
 pub mod mirror;
 pub mod replicate;
 pub mod shards;
 mod stats;
 pub mod wire;
 
+pub use ledger::RedisLedger;
 pub use mirror::{Mirror, MirrorKey, MirroredIndex};
 pub use stats::StoreStats;
 
@@ -69,9 +74,11 @@ struct WarmStart {
 pub struct RedisStore {
     pub config: RedisConfig,
     pub replica: String,
-    pub shards: Shards,
+    pub shards: Arc<Shards>,
     pub index: Arc<MirroredIndex>,
     pub stats: Arc<StoreStats>,
+    /// The tenants' budgets, on the same shards.
+    pub ledger: Arc<RedisLedger>,
     channel: String,
     assignment_ttl: Duration,
     first_token_ttl: Duration,
@@ -107,7 +114,7 @@ impl RedisStore {
             None => None,
         };
         let opts = shards::ConnectOptions { password, ca_pem };
-        let shards = Shards::with_options(&rc.urls, Duration::from_millis(rc.timeout_ms.max(1)), &opts)?;
+        let shards = Arc::new(Shards::with_options(&rc.urls, Duration::from_millis(rc.timeout_ms.max(1)), &opts)?);
         check_credentials(&shards).await?;
         let replica = rc.replica_id.clone().unwrap_or_else(|| format!("replica-{:016x}", rand::thread_rng().gen::<u64>()));
         let (queues, pending): (Vec<_>, Vec<_>) = shards.ids().map(|_| mpsc::channel(rc.queue.max(1))).unzip();
@@ -115,6 +122,7 @@ impl RedisStore {
             channel: format!("{}:events", rc.key_prefix),
             salt: xxhash_rust::xxh3::xxh3_64(replica.as_bytes()),
             replica,
+            ledger: Arc::new(RedisLedger::new(shards.clone(), &rc.key_prefix)),
             shards,
             index: Arc::new(MirroredIndex::new()),
             stats: Arc::new(StoreStats::default()),
@@ -517,6 +525,10 @@ impl SharedStore for RedisStore {
 
     fn id_salt(&self) -> u64 {
         self.salt
+    }
+
+    fn ledger(&self) -> Option<Arc<dyn crate::tenancy::Ledger>> {
+        Some(self.ledger.clone())
     }
 
     fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {

@@ -22,7 +22,7 @@
 use super::StoreError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use parking_lot::Mutex;
-use redis::{Cmd, ConnectionAddr, FromRedisValue, IntoConnectionInfo, Pipeline};
+use redis::{Cmd, ConnectionAddr, FromRedisValue, IntoConnectionInfo, Pipeline, ScriptInvocation};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -190,6 +190,14 @@ impl Shards {
     pub async fn pipe<T: FromRedisValue>(&self, id: ShardId, pipe: &Pipeline) -> Result<T, StoreError> {
         let mut conn = self.node(id).conn.lock().clone();
         let r = tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await;
+        self.settle(id, r)
+    }
+
+    /// Runs a Lua script by EVALSHA, loading it on NOSCRIPT (a node restarted or flushed
+    /// since the last call) and retrying once; one timeout bounds the whole exchange.
+    pub async fn script<T: FromRedisValue>(&self, id: ShardId, script: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+        let mut conn = self.node(id).conn.lock().clone();
+        let r = tokio::time::timeout(self.timeout, script.invoke_async(&mut conn)).await;
         self.settle(id, r)
     }
 
