@@ -46,6 +46,11 @@ impl Window {
     pub fn reserve(&mut self, r: &Reserve, now: u64) -> Outcome {
         self.expire(now, r.window_ms);
         let usage = self.usage();
+        if self.charged.contains_key(&r.id) || self.leases.contains_key(&r.id) {
+            // The same id reserved twice (a replayed pick): admitted once, charged once, even
+            // when the scope is full now (its own entry fills it).
+            return Outcome::Admitted(usage);
+        }
         let Limits { tokens_per_minute, requests_per_minute, concurrent_requests } = r.limits;
         let aged_out = |at: u64| (at + r.window_ms).saturating_sub(now).max(1);
         if requests_per_minute.is_some_and(|max| usage.requests + 1 > max) {
@@ -61,10 +66,6 @@ impl Window {
         }
         if concurrent_requests.is_some_and(|max| usage.concurrent + 1 > max) {
             return Outcome::Rejected { limit: Limit::Concurrency, retry_after_ms: CONCURRENCY_RETRY_MS, usage };
-        }
-        if self.charged.contains_key(&r.id) || self.leases.contains_key(&r.id) {
-            // The same id reserved twice (a replayed pick): admitted once, charged once.
-            return Outcome::Admitted(usage);
         }
         self.log.push_back((now, r.id));
         self.charged.insert(r.id, r.tokens);
@@ -255,6 +256,7 @@ pub mod contract {
         let c = scope(&format!("{tenant}-c"));
         let conc = Limits { concurrent_requests: Some(1), ..Limits::default() };
         assert!(admitted(ledger.reserve(reserve(&c, 1, 10, conc)).await.unwrap()));
+        assert!(admitted(ledger.reserve(reserve(&c, 1, 10, conc)).await.unwrap()), "a replay at the limit is still admitted");
         match ledger.reserve(reserve(&c, 2, 10, conc)).await.unwrap() {
             Outcome::Rejected { limit: Limit::Concurrency, retry_after_ms, .. } => assert_eq!(retry_after_ms, CONCURRENCY_RETRY_MS),
             other => panic!("expected a concurrency rejection, got {other:?}"),

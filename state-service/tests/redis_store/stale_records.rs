@@ -31,6 +31,7 @@ fn record(id: u64, age_ms: u64, first_token: bool) -> Record {
         keys: vec![],
         created_unix_ms: unix_ms().saturating_sub(age_ms),
         first_token,
+        budget: None,
     }
 }
 

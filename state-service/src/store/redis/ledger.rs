@@ -66,6 +66,9 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
   tpm, rpm, conc = num(o[1]), num(o[2]), num(o[3])
 end
 local tok, req, run = usage()
+-- The same id reserved twice (a replayed pick): admitted once, charged once,
+-- even when the scope is full now (its own entry fills it).
+if redis.call('HEXISTS', amt, id) == 1 or redis.call('ZSCORE', lease, id) then return {0, 0, tok, req, run} end
 local function aged_out(at) return math.max(at + window - now, 1) end
 -- When (admission time of the entry whose expiry frees enough) the tokens drop to `room`.
 local function fits_after(room)
@@ -98,8 +101,6 @@ if tpm and tok + tokens > tpm then
   return {1, retry, tok, req, run}
 end
 if conc and run + 1 > conc then return {3, tonumber(ARGV[11]), tok, req, run} end
--- The same id reserved twice (a replayed pick): admitted once, charged once.
-if redis.call('HEXISTS', amt, id) == 1 or redis.call('ZSCORE', lease, id) then return {0, 0, tok, req, run} end
 redis.call('ZADD', log, ARGV[1], id)
 redis.call('HSET', amt, id, ARGV[6])
 tok = redis.call('INCRBY', sum, ARGV[6])

@@ -180,6 +180,7 @@ mod tests {
             keys: vec![],
             created_unix_ms: unix_ms() - age.as_millis() as u64,
             first_token,
+            budget: None,
         }
     }
 
