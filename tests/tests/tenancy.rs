@@ -198,3 +198,31 @@ async fn tenants_come_only_from_what_envoy_verified() -> Result<()> {
     let _ = std::fs::remove_dir_all(&pki.dir);
     Ok(())
 }
+
+/// `required: true`: a request without a verified identity is answered 401 by the filter, in
+/// the called API's error shape, and never reaches a worker or the state service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_required_answers_401_in_the_api_shape() -> Result<()> {
+    let key = "sk-required-0123456789";
+    let digest: String = Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let plugin = json!({ "identity": { "sources": [ { "api_key": { "keys": { digest: "team" } } } ], "required": true } });
+    let stack = Stack::start(StackOptions { plugin, ..StackOptions::default() }).await?;
+    let client = reqwest::Client::new();
+    let chat = json!({ "model": MODEL, "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 2 });
+    let messages = json!({ "model": MODEL, "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 2 });
+    let resp = client.post(stack.envoy.url("/v1/chat/completions")).bearer_auth("sk-wrong").json(&chat).send().await?;
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await?;
+    assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+    let resp = client.post(stack.envoy.url("/v1/messages")).json(&messages).send().await?;
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await?;
+    assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("authentication_error")), "{body}");
+    let ok = client.post(stack.envoy.url("/v1/chat/completions")).bearer_auth(key).json(&chat).send().await?;
+    assert_eq!(ok.status(), 200);
+    // Only the identified request was picked.
+    let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
+    let picks: f64 = metrics.lines().filter(|l| l.starts_with("kvroute_picks_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    assert_eq!(picks, 1.0, "{metrics}");
+    Ok(())
+}

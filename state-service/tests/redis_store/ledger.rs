@@ -156,3 +156,45 @@ fn a_lost_shard_fails_reservations_within_its_timeout() {
         }
     });
 }
+
+/// Budgets as the service runs them on Redis: an override made through one replica holds on
+/// the other (its limits at once, its scope after a refresh), and with the ledger unreachable
+/// a service set to reject answers "unavailable" while one set to `local` admits its share.
+#[test]
+fn replicas_share_overrides_and_follow_the_unavailable_policy() {
+    use kvroute_core::wire::BudgetLimit;
+    use kvroute_state::metrics::Metrics;
+    use kvroute_state::tenancy::{Admission, Charge, TenancyConfig, Tenants, WhenUnavailable};
+    let mut servers = shards(1);
+    let urls = vec![servers[0].url()];
+    runtime().block_on(async {
+        let tenants = |when: WhenUnavailable| {
+            let (_, l) = ledger(&urls, Duration::from_millis(300));
+            let config = TenancyConfig { when_store_unavailable: when, replicas: 2, store_timeout_ms: 1_000, ..TenancyConfig::default() };
+            Tenants::new(config, Some(l as Arc<dyn Ledger>), 600_000)
+        };
+        let (a, b, local) = (tenants(WhenUnavailable::Reject), tenants(WhenUnavailable::Reject), tenants(WhenUnavailable::Local));
+        let metrics = Metrics::new();
+        let charge = |id: u64| Charge { tenant: "newbie", model: "m", id, tokens: 10 };
+        assert_eq!(b.admit(&charge(1), &metrics).await, Admission::Unlimited, "nobody budgets newbie yet");
+        a.set_limits("newbie", None, Some(Limits { requests_per_minute: Some(2), ..Limits::default() })).await.expect("override stored");
+        b.refresh().await.expect("refreshed");
+        assert!(matches!(b.admit(&charge(2), &metrics).await, Admission::Admitted { degraded: false, .. }), "b follows a's override");
+        assert!(matches!(a.admit(&charge(3), &metrics).await, Admission::Admitted { .. }));
+        match b.admit(&charge(4), &metrics).await {
+            Admission::Rejected(r) => assert_eq!(r.limit(), BudgetLimit::BudgetRequests, "one budget for both: 2 per minute"),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+
+        local.refresh().await.expect("refreshed");
+        servers[0].stop();
+        match b.admit(&charge(5), &metrics).await {
+            Admission::Rejected(r) => assert_eq!(r.limit(), BudgetLimit::BudgetUnavailable),
+            other => panic!("reject policy: expected unavailable, got {other:?}"),
+        }
+        // The local share of 2 rpm over 2 replicas: 1 admitted here, then rejected.
+        assert!(matches!(local.admit(&charge(6), &metrics).await, Admission::Admitted { degraded: true, .. }));
+        assert!(matches!(local.admit(&charge(7), &metrics).await, Admission::Rejected(_)));
+        assert_eq!(metrics.budget_degraded.get(), 3);
+    });
+}
