@@ -33,6 +33,7 @@ pub mod wire {
                 DegradedReason::DegradedNoHealthyWorker => "no_healthy_worker",
                 DegradedReason::DegradedBlockSizeMismatch => "block_size_mismatch",
                 DegradedReason::DegradedStateUnavailable => "state_unavailable",
+                DegradedReason::DegradedResponseOwnerGone => "response_owner_gone",
             }
         }
     }

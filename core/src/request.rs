@@ -6,6 +6,8 @@
 //!   engine, so the first prompt's prefix is as good a hint as any).
 //! - OpenAI `/v1/chat/completions`: `messages` with string or multi-part content, `tools`.
 //! - Anthropic `/v1/messages`: `system` (string or blocks) and `messages` with content blocks.
+//! - OpenAI `/v1/responses`: `input` (a string or items), `instructions`, `tools`,
+//!   `previous_response_id` (the stored conversation it continues, on the worker that stored it).
 //!
 //! Chat prompts cannot be keyed exactly without the model's tokenizer and chat template, which
 //! the state service owns; for those this module keeps the JSON the template needs
@@ -23,6 +25,7 @@ pub enum Api {
     Completions,
     ChatCompletions,
     Messages,
+    Responses,
 }
 
 impl Api {
@@ -33,6 +36,7 @@ impl Api {
             "/v1/completions" => Some(Api::Completions),
             "/v1/chat/completions" => Some(Api::ChatCompletions),
             "/v1/messages" => Some(Api::Messages),
+            "/v1/responses" => Some(Api::Responses),
             _ => None,
         }
     }
@@ -42,6 +46,7 @@ impl Api {
             Api::Completions => crate::wire::Endpoint::Completions,
             Api::ChatCompletions => crate::wire::Endpoint::ChatCompletions,
             Api::Messages => crate::wire::Endpoint::Messages,
+            Api::Responses => crate::wire::Endpoint::Responses,
         }
     }
 }
@@ -57,7 +62,8 @@ pub enum Prompt {
     Chat {
         /// JSON object with what a chat template reads: `messages`, and where present `tools`,
         /// `system` (Anthropic), `add_generation_prompt`, `continue_final_message`,
-        /// `chat_template_kwargs`.
+        /// `chat_template_kwargs`. Responses API: `input`, and where present `instructions`,
+        /// `tools`, `chat_template_kwargs` (the state service builds the messages as vLLM does).
         template_input: String,
         /// Role-tagged text of the conversation, for approximate text-chunk keys.
         canonical: String,
@@ -74,6 +80,8 @@ pub struct PromptRequest {
     pub max_tokens: Option<u32>,
     /// vLLM's `cache_salt`: requests with different salts never share cache.
     pub cache_salt: String,
+    /// Responses API: the stored response this request continues (its worker holds it).
+    pub previous_response_id: Option<String>,
 }
 
 impl PromptRequest {
@@ -172,13 +180,14 @@ fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<&[u8]>) -> Res
     let prompt = match api {
         Api::Completions => completion_prompt(raw_prompt)?,
         Api::ChatCompletions | Api::Messages => chat_prompt(api, obj)?,
+        Api::Responses => responses_prompt(obj)?,
     };
     let stream = match obj.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(invalid("stream", "must be a boolean")),
     };
-    let max_tokens = ["max_tokens", "max_completion_tokens"]
+    let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
         .find_map(|f| obj.get(*f).filter(|v| !v.is_null()))
         .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or(invalid("max_tokens", "must be a non-negative integer")))
@@ -188,7 +197,14 @@ fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<&[u8]>) -> Res
         Some(Value::String(s)) => s.clone(),
         Some(_) => return Err(invalid("cache_salt", "must be a string")),
     };
-    Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt })
+    let previous_response_id = match obj.get("previous_response_id") {
+        _ if api != Api::Responses => None,
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) if id.is_empty() => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => return Err(invalid("previous_response_id", "must be a string")),
+    };
+    Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt, previous_response_id })
 }
 
 /// Why a body is not a JSON object: not JSON at all, or JSON of another shape.
@@ -278,6 +294,55 @@ fn chat_prompt(api: Api, obj: &Map<String, Value>) -> Result<Prompt, ParseError>
     Ok(Prompt::Chat { template_input: Value::Object(input).to_string(), canonical })
 }
 
+/// Fields of a Responses request the state service needs to build its messages.
+const RESPONSES_FIELDS: [&str; 4] = ["input", "instructions", "tools", "chat_template_kwargs"];
+
+fn responses_prompt(obj: &Map<String, Value>) -> Result<Prompt, ParseError> {
+    let input = obj.get("input").ok_or(ParseError::Missing("input"))?;
+    let mut canonical = String::new();
+    match obj.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => {
+            canonical.push_str("system\n");
+            canonical.push_str(s);
+            canonical.push_str("\n\n");
+        }
+        Some(_) => return Err(invalid("instructions", "must be a string")),
+    }
+    match input {
+        Value::String(s) => {
+            canonical.push_str("user\n");
+            canonical.push_str(s);
+            canonical.push_str("\n\n");
+        }
+        Value::Array(items) => {
+            for item in items {
+                let Value::Object(item) = item else {
+                    return Err(invalid("input", "items must be objects"));
+                };
+                // A message item has a role; tool calls and their outputs have a type.
+                let label = item.get("role").or_else(|| item.get("type")).and_then(Value::as_str).unwrap_or("item");
+                canonical.push_str(label);
+                canonical.push('\n');
+                for field in ["content", "arguments", "output"] {
+                    if let Some(v) = item.get(field) {
+                        push_content(&mut canonical, v);
+                    }
+                }
+                canonical.push_str("\n\n");
+            }
+        }
+        _ => return Err(invalid("input", "must be a string or an array of items")),
+    }
+    let mut template = Map::new();
+    for field in RESPONSES_FIELDS {
+        if let Some(v) = obj.get(field).filter(|v| !v.is_null()) {
+            template.insert(field.into(), v.clone());
+        }
+    }
+    Ok(Prompt::Chat { template_input: Value::Object(template).to_string(), canonical })
+}
+
 /// Appends the text of OpenAI content (string or parts) or Anthropic blocks.
 fn push_content(out: &mut String, content: &Value) {
     match content {
@@ -287,7 +352,7 @@ fn push_content(out: &mut String, content: &Value) {
                 match part {
                     Value::String(s) => out.push_str(s),
                     Value::Object(p) => match p.get("type").and_then(Value::as_str) {
-                        Some("text") => {
+                        Some("text" | "input_text" | "output_text") => {
                             if let Some(t) = p.get("text").and_then(Value::as_str) {
                                 out.push_str(t);
                             }
@@ -379,6 +444,27 @@ mod tests {
         let r = p(Api::Messages, body).unwrap();
         assert_eq!(r.canonical_text(), "system\nsys\n\nuser\nq\n\nassistant\n{\"a\":1}\n\nuser\n42\n\n");
         assert_eq!(r.max_tokens, Some(64));
+    }
+
+    #[test]
+    fn responses_forms() {
+        let body = r#"{"model":"m","instructions":"be brief","previous_response_id":"resp_1","max_output_tokens":7,"stream":true,
+            "input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},
+              {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"}],
+            "tools":[{"type":"function","name":"f","parameters":{}}],"store":true}"#;
+        let r = p(Api::Responses, body).unwrap();
+        assert_eq!((r.max_tokens, r.stream, r.previous_response_id.as_deref()), (Some(7), true, Some("resp_1")));
+        assert_eq!(r.canonical_text(), "system\nbe brief\n\nuser\nhi\n\nfunction_call\n{}\n\nfunction_call_output\n42\n\n");
+        let Prompt::Chat { template_input, .. } = r.prompt else { panic!("not chat") };
+        let v: Value = serde_json::from_str(&template_input).unwrap();
+        assert_eq!(v.as_object().unwrap().keys().collect::<Vec<_>>(), ["input", "instructions", "tools"], "never store or previous_response_id");
+        let r = p(Api::Responses, r#"{"model":"m","input":"just text"}"#).unwrap();
+        assert_eq!((r.canonical_text(), r.previous_response_id.as_deref()), ("user\njust text\n\n", None));
+        assert_eq!(p(Api::Responses, r#"{"model":"m"}"#), Err(ParseError::Missing("input")));
+        assert_eq!(p(Api::Responses, r#"{"model":"m","input":"x","previous_response_id":3}"#).unwrap_err().kind(), "invalid_field");
+        assert_eq!(p(Api::ChatCompletions, r#"{"model":"m","messages":[],"previous_response_id":"r"}"#).unwrap().previous_response_id, None);
+        assert_eq!(Api::from_path("/v1/responses"), Some(Api::Responses));
+        assert_eq!(Api::from_path("/v1/responses/resp_1"), None, "GET/cancel are located, not picked");
     }
 
     #[test]

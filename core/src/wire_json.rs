@@ -6,13 +6,14 @@ pub mod degraded_reason {
     use crate::wire::DegradedReason;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    const ALL: [DegradedReason; 6] = [
+    const ALL: [DegradedReason; 7] = [
         DegradedReason::DegradedNone,
         DegradedReason::DegradedTokenizerUnavailable,
         DegradedReason::DegradedUnknownModel,
         DegradedReason::DegradedNoHealthyWorker,
         DegradedReason::DegradedBlockSizeMismatch,
         DegradedReason::DegradedStateUnavailable,
+        DegradedReason::DegradedResponseOwnerGone,
     ];
 
     pub fn serialize<S: Serializer>(value: &i32, s: S) -> Result<S::Ok, S::Error> {

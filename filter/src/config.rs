@@ -78,6 +78,7 @@ impl Default for RawConfig {
                 ("/v1/completions", "completions"),
                 ("/v1/chat/completions", "chat_completions"),
                 ("/v1/messages", "messages"),
+                ("/v1/responses", "responses"),
             ]
             .into_iter()
             .map(|(p, a)| (p.to_string(), a.to_string()))
@@ -195,7 +196,7 @@ pub enum ConfigError {
     NoCluster,
     #[error("`{0}` must be greater than zero")]
     Zero(&'static str),
-    #[error("`llm_paths`: unknown API `{api}` for path `{path}` (expected completions, chat_completions or messages)")]
+    #[error("`llm_paths`: unknown API `{api}` for path `{path}` (expected completions, chat_completions, messages or responses)")]
     UnknownApi { path: String, api: String },
     #[error("`{field}`: `{value}` is not a valid header name")]
     BadHeader { field: &'static str, value: String },
@@ -249,6 +250,7 @@ impl Config {
                 "completions" => Api::Completions,
                 "chat_completions" => Api::ChatCompletions,
                 "messages" => Api::Messages,
+                "responses" => Api::Responses,
                 _ => return Err(ConfigError::UnknownApi { path: path.clone(), api: api.clone() }),
             };
             llm_paths.insert(path.trim_end_matches('/').to_string(), parsed);

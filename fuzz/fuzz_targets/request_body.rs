@@ -15,7 +15,7 @@ use kvroute_core::keys::{chain, extend_token_keys, text_chunk_keys, token_block_
 use kvroute_core::request::{parse, Api, ParseError, Prompt, PromptRequest};
 use libfuzzer_sys::fuzz_target;
 
-const APIS: [Api; 3] = [Api::Completions, Api::ChatCompletions, Api::Messages];
+const APIS: [Api; 4] = [Api::Completions, Api::ChatCompletions, Api::Messages, Api::Responses];
 
 fuzz_target!(|data: &[u8]| {
     // The request path is untrusted too (it picks the API).

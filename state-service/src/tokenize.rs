@@ -213,7 +213,11 @@ fn encode(tokenizer: &ModelTokenizer, endpoint: i32, chat: &str, text: &str, bud
         }
         return tokenizer.encode_text(text).map(|ids| (Encoded::whole(ids), text.len())).map_err(|e| failure(&e));
     }
-    let api = if endpoint == Endpoint::Messages as i32 { Api::Messages } else { Api::ChatCompletions };
+    let api = match Endpoint::try_from(endpoint) {
+        Ok(Endpoint::Messages) => Api::Messages,
+        Ok(Endpoint::Responses) => Api::Responses,
+        _ => Api::ChatCompletions,
+    };
     let rendered = tokenizer.render_chat(chat, api).map_err(|e| failure(&e))?;
     if rendered.media_items > 0 {
         return Err(TokenizeFailure::Media);

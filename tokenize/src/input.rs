@@ -92,6 +92,9 @@ pub fn parse(template_input: &str, api: Api, template: &str, settings: &RenderSe
             AnthropicRendering::Disabled => return Err(TokenizeError::Unsupported("Anthropic rendering is disabled".into())),
         },
         Api::Completions => return Err(TokenizeError::Unsupported("completions prompts are text, not chat".into())),
+        // Rendered once vLLM's Responses message construction is ported (issue 15); until
+        // then the pick routes a Responses prompt on its text chunks (counted as degraded).
+        Api::Responses => return Err(TokenizeError::Unsupported("Responses input rendering".into())),
     };
     let normalized = openai::normalize_messages(&messages, settings.content_format, template)?;
     let tools = tools.as_deref().map(openai::normalize_tools).transpose()?;
