@@ -53,6 +53,7 @@ pub fn app(state: AppState) -> Router {
     let api = Router::new()
         .route("/v1/pick", post(routes::pick))
         .route("/v1/report", post(routes::report))
+        .route("/v1/locate", post(routes::locate))
         .route("/v1/workers", get(info::workers))
         .route("/v1/assignments", get(info::assignments))
         .route("/v1/models", get(models::models))

@@ -16,6 +16,7 @@ pub mod load;
 pub mod metrics;
 pub mod pick;
 pub mod report;
+pub mod responses;
 pub mod score;
 pub mod state;
 pub mod store;

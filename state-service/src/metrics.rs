@@ -68,6 +68,9 @@ pub struct Metrics {
     pub tenant_tokens: Family<labels::TenantTokenLabels, Counter>,
     /// Admissions decided without the shared ledger (unreachable: local share or reject).
     pub budget_degraded: Counter,
+    /// Requests naming a stored response (`pick`: previous_response_id; `locate`: GET, DELETE,
+    /// cancel), by outcome: `routed` to its worker, `unknown` id, its worker `gone`.
+    pub response_affinity: Family<labels::AffinityLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -102,6 +105,7 @@ impl Metrics {
             tenant_requests: Family::default(),
             tenant_tokens: Family::default(),
             budget_degraded: Counter::default(),
+            response_affinity: Family::default(),
             registry: PromRegistry::default(),
         };
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
@@ -129,6 +133,11 @@ impl Metrics {
         registry.register("tenant_requests", "Budgeted requests by tenant and outcome (admitted, rejected_<limit>)", m.tenant_requests.clone());
         registry.register("tenant_tokens", "Budget tokens by tenant and kind (reserved, charged; usage: prompt, cached, completion)", m.tenant_tokens.clone());
         registry.register("budget_degraded", "Admissions decided without the shared budget ledger (it was unreachable)", m.budget_degraded.clone());
+        registry.register(
+            "response_affinity",
+            "Requests naming a stored Responses API response, by path (pick, locate) and outcome (routed, unknown, gone)",
+            m.response_affinity.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -158,6 +167,10 @@ impl Metrics {
     /// `tenant`: the label ([`crate::tenancy::Tenants::label`]), never an unbounded name.
     pub fn count_tenant_request(&self, tenant: &str, outcome: &str) {
         self.tenant_requests.get_or_create(&labels::TenantLabels { tenant: tenant.into(), outcome: outcome.into() }).inc();
+    }
+
+    pub fn count_affinity(&self, path: &'static str, outcome: &'static str) {
+        self.response_affinity.get_or_create(&labels::AffinityLabels { path: path.into(), outcome: outcome.into() }).inc();
     }
 
     pub fn count_tenant_tokens(&self, tenant: &str, kind: &'static str, n: u64) {

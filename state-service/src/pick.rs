@@ -65,7 +65,7 @@ fn finish(state: &AppState, policy: Policy, started: std::time::Instant, respons
 
 /// `prompt`: already resolved to exact keys (tokenized), else taken from the request.
 fn decide(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, prompt: Option<PromptView>) -> PickResponse {
-    match plan(state, policy, req, view, prompt) {
+    match plan(state, policy, req, view, prompt, 0) {
         Plan::Fallback(response) => response,
         Plan::Chosen(chosen) => commit(state, req, chosen, req.assignment_id, None),
     }
@@ -98,16 +98,19 @@ impl Chosen {
     }
 }
 
-pub(crate) fn plan(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, prompt: Option<PromptView>) -> Plan {
+/// `continued`: tokens of a stored conversation the prompt continues (Responses API
+/// `previous_response_id`), held by every candidate (the caller left only its owner).
+pub(crate) fn plan(state: &AppState, policy: Policy, req: &PickRequest, view: ModelView, prompt: Option<PromptView>, continued: u32) -> Plan {
     if !view.known {
         return Plan::Fallback(fallback(state, policy, req, DegradedReason::DegradedUnknownModel));
     }
     if view.workers.is_empty() {
         return Plan::Fallback(fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker));
     }
-    let prompt = prompt.unwrap_or_else(|| PromptView::new(req, view.block_size, state.config.text_chunk_bytes));
+    let mut prompt = prompt.unwrap_or_else(|| PromptView::new(req, view.block_size, state.config.text_chunk_bytes));
+    prompt.prompt_tokens = prompt.prompt_tokens.saturating_add(continued);
     let now = Instant::now();
-    let candidates = candidates(state, policy, view.workers, &prompt, now);
+    let candidates = candidates(state, policy, view.workers, &prompt, continued, now);
     let choices: Vec<Choice> = candidates
         .iter()
         .map(|c| Choice { ttft_ms: c.prediction.ttft_ms, matched_blocks: c.matched, learned_blocks: c.learned, load: c.load.outstanding(), peer: c.peer })
@@ -199,7 +202,7 @@ fn tokenization(policy: Policy, prompt: &PromptView) -> TokenizationPath {
     }
 }
 
-fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: DegradedReason) -> PickResponse {
+pub(crate) fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: DegradedReason) -> PickResponse {
     state.metrics.count_degraded(reason);
     tracing::info!(request_id = %req.request_id, model = %req.model, reason = reason.label(), "pick fell back to the default route");
     let mut response = PickResponse { policy: policy.to_string(), ..Default::default() };
@@ -208,7 +211,7 @@ fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reason: Degrade
     response
 }
 
-fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, now: Instant) -> Vec<Candidate> {
+fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, continued: u32, now: Instant) -> Vec<Candidate> {
     let held = matches(state, policy, &workers, prompt, now);
     let sets = state.fleet.peer_matches(policy, &workers, peer_keys(policy, prompt));
     let priors = &state.config.priors;
@@ -234,7 +237,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
                 step_tokens: worker.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens),
                 reload_ms_per_token: worker.entry.config.reload_ms_per_token.unwrap_or(priors.reload_ms_per_token),
             };
-            let tokens = matched.saturating_mul(prompt.tokens_per_key);
+            let tokens = matched.saturating_mul(prompt.tokens_per_key).saturating_add(continued).min(prompt.prompt_tokens);
             let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
             let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
             let set = sets.as_ref().and_then(|s| s.get(i).copied()).unwrap_or_default();

@@ -25,6 +25,7 @@ pub fn apply(state: &AppState, report: &Report) -> ReportOutcomeLabel {
             let applied = state.apply(event);
             observe(&state.metrics, report, kind, &applied);
             settle(state, report, &applied);
+            learn_response(state, report, &applied);
             match applied {
                 Applied::FirstToken { .. } | Applied::Freed(_) => ReportOutcomeLabel::Applied,
                 Applied::Duplicate => ReportOutcomeLabel::Duplicate,
@@ -56,6 +57,31 @@ fn settle(state: &AppState, report: &Report, applied: &Applied) {
     );
     m.count_tenant_tokens(&label, "charged", tokens);
     state.tenants.settle(scope, a.id.0, tokens);
+}
+
+/// A Responses API response was stored by the worker that served it: remember where (for
+/// follow-ups, GET and cancel), with its conversation's length once the usage tells it.
+fn learn_response(state: &AppState, report: &Report, applied: &Applied) {
+    if report.response_id.is_empty() || !crate::responses::valid_id(&report.response_id) {
+        return;
+    }
+    let (a, tokens) = match applied {
+        Applied::FirstToken { assignment, .. } => (assignment, assignment.prompt_tokens),
+        Applied::Freed(a) if report.prompt_tokens > 0 => (a, report.prompt_tokens.saturating_add(report.completion_tokens)),
+        Applied::Freed(a) => (a, a.prompt_tokens),
+        _ => return,
+    };
+    // Failed over: the fallback that answered stored it.
+    let worker = match report.served_by.as_str() {
+        "" => a.worker.clone(),
+        served => match state.fleet.workers().into_iter().find(|w| w.config.endpoint == served || w.config.cluster == served) {
+            Some(w) => w.id.clone(),
+            None => return,
+        },
+    };
+    let owner = crate::responses::Owner { worker, tokens };
+    state.owners.learn(&report.response_id, owner.clone(), tokio::time::Instant::now());
+    state.store.share_response(&report.response_id, &owner, state.owners.ttl());
 }
 
 /// An assignment freed without a report (the proxy never used the pick): its reservation is

@@ -37,6 +37,8 @@ pub struct Shared {
     pub pick_slots: tokio::sync::Semaphore,
     /// Tenants' budgets: admission at the pick, settlement from the reports.
     pub tenants: crate::tenancy::Tenants,
+    /// Which worker stores each Responses API response.
+    pub owners: crate::responses::Owners,
     /// Set once [`AppState::start_feeds`] ran: workers registered later start theirs at once.
     /// Held while starting, so a worker registered concurrently is started exactly once.
     feeds: Mutex<Option<Feeds>>,
@@ -89,6 +91,7 @@ impl AppState {
             feeds: Mutex::new(None),
             pick_slots: tokio::sync::Semaphore::new(config.resilience.max_concurrent_picks),
             tenants: crate::tenancy::Tenants::new(config.tenancy.clone(), store.ledger(), t.assignment_ttl_ms),
+            owners: crate::responses::Owners::new(config.responses.clone()),
             config: config.clone(),
         }));
         for worker in config.workers.iter().cloned() {

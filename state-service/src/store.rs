@@ -39,6 +39,9 @@ pub enum ShareError {
     Exists(String),
 }
 
+/// What a lookup of a response's owner resolves to.
+pub type ResponseFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<crate::responses::Owner>> + Send>>;
+
 /// What an admin change to the shared state resolves to.
 pub type StoreFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShareError>> + Send>>;
 
@@ -88,6 +91,15 @@ pub trait SharedStore: Send + Sync + 'static {
     /// Metrics of the store, read at scrape time.
     fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {
         None
+    }
+
+    /// Shares where response `id` is stored, for `ttl` (must not wait).
+    fn share_response(&self, _id: &str, _owner: &crate::responses::Owner, _ttl: std::time::Duration) {}
+
+    /// Where response `id` is stored, as another replica shared it; `None` when nobody did
+    /// (or the store cannot say).
+    fn find_response(&self, _id: &str) -> ResponseFuture {
+        Box::pin(async { None })
     }
 
     /// Mixed into assignment ids so replicas (which may share a seed) never collide.

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use crate::assign::AssignmentId;
 use crate::fleet::FleetEvent;
-use kvroute_core::wire::{PickRequest, ReportBatch};
+use kvroute_core::wire::{PickRequest, PickResponse, ReportBatch};
 use std::time::Duration;
 
 /// Decides a pick when a slot is free within `resilience.pick_queue_ms`, else answers 429 at
@@ -59,4 +59,31 @@ pub async fn report(State(state): State<AppState>, headers: HeaderMap, body: Byt
         crate::report::apply(&state, report);
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Where a stored Responses API response lives (the proxy's `GET` / `DELETE` / cancel on
+/// `/v1/responses/{id}`): a `PickResponse` naming its worker, no assignment recorded.
+pub async fn locate(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let format = Format::from_headers(&headers)?;
+    let request: kvroute_core::wire::LocateRequest = format.decode(&body, "LocateRequest")?;
+    if !crate::responses::valid_id(&request.response_id) {
+        return Err(ApiError::BadRequest("LocateRequest.response_id: 1 to 128 printable characters, no spaces or quotes".into()));
+    }
+    let mut response = PickResponse { policy: "affinity".into(), ..PickResponse::default() };
+    if let Some(owner) = crate::responses::owner(&state, &request.response_id, "locate").await {
+        match state.fleet.worker(owner.worker.as_str()) {
+            Some(w) => {
+                state.metrics.count_affinity("locate", "routed");
+                response.worker_id = w.id.to_string();
+                response.endpoint = w.config.endpoint.clone();
+                response.cluster = w.config.cluster.clone();
+            }
+            None => {
+                state.metrics.count_affinity("locate", "gone");
+                response.set_degraded_reason(kvroute_core::wire::DegradedReason::DegradedResponseOwnerGone);
+            }
+        }
+    }
+    tracing::debug!(request_id = %request.request_id, response = %request.response_id, worker = %response.worker_id, "locate");
+    Ok(format.respond(&response))
 }

@@ -58,6 +58,8 @@ pub struct Config {
     pub allowed_targets: Vec<String>,
     /// Tenants' budgets (see the README's "Tenants and budgets").
     pub tenancy: crate::tenancy::TenancyConfig,
+    /// Which worker stores each Responses API response (see `responses.rs`).
+    pub responses: crate::responses::ResponsesConfig,
 }
 
 impl Default for Config {
@@ -84,6 +86,7 @@ impl Default for Config {
             resilience: Resilience::default(),
             allowed_targets: Vec::new(),
             tenancy: crate::tenancy::TenancyConfig::default(),
+            responses: crate::responses::ResponsesConfig::default(),
         }
     }
 }

@@ -91,6 +91,11 @@ impl Config {
             return Err(invalid("admin_token_file", "set admin_token or admin_token_file, not both"));
         }
         self.tenancy.validate().map_err(|(field, message)| invalid(field, message))?;
+        for (name, v) in [("responses.max_entries", self.responses.max_entries as u64), ("responses.ttl_ms", self.responses.ttl_ms), ("responses.store_timeout_ms", self.responses.store_timeout_ms)] {
+            if v == 0 {
+                return Err(invalid(name, "must be > 0"));
+            }
+        }
         if self.tenancy.has_budgets() && self.api_token.is_none() && self.api_token_file.is_none() {
             return Err(invalid(
                 "tenancy.budgets",

@@ -189,3 +189,9 @@ pub struct TenantTokenLabels {
     pub tenant: String,
     pub kind: String,
 }
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct AffinityLabels {
+    pub path: String,
+    pub outcome: String,
+}

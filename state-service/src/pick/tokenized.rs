@@ -43,8 +43,24 @@ pub async fn pick(state: &AppState, req: &PickRequest, deadline: Option<std::tim
     };
     // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.
     let started = std::time::Instant::now();
-    let view = state.fleet.model_view(&req.model);
-    let chosen = match plan(state, policy, req, view, prompt) {
+    let mut view = state.fleet.model_view(&req.model);
+    let mut continued = 0;
+    if !req.previous_response_id.is_empty() {
+        match crate::responses::owner(state, &req.previous_response_id, "pick").await {
+            // Nobody stored it (or it expired): any worker answers vLLM's own 404.
+            None => {}
+            Some(owner) => {
+                view.workers.retain(|w| w.entry.id == owner.worker);
+                if view.workers.is_empty() {
+                    state.metrics.count_affinity("pick", "gone");
+                    return finish(state, policy, started, super::fallback(state, policy, req, kvroute_core::wire::DegradedReason::DegradedResponseOwnerGone));
+                }
+                state.metrics.count_affinity("pick", "routed");
+                continued = owner.tokens;
+            }
+        }
+    }
+    let chosen = match plan(state, policy, req, view, prompt, continued) {
         Plan::Fallback(response) => return finish(state, policy, started, response),
         Plan::Chosen(chosen) => chosen,
     };

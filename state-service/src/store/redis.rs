@@ -181,6 +181,10 @@ impl RedisStore {
         self.me.get().and_then(|w| w.upgrade())
     }
 
+    fn response_key(&self, id: &str) -> String {
+        format!("{}:resp:{id}", self.config.key_prefix)
+    }
+
     fn calibration_key(&self, worker: &str) -> String {
         // `steps`: the fit of the step model; fits of the earlier per-request model (under
         // `calib:`) must not seed it.
@@ -362,8 +366,11 @@ impl RedisStore {
                 pipe.del(&key).ignore();
                 self.publish(pipe, event);
             }
-            Op::Set { value, .. } => {
+            Op::Set { value, px: None, .. } => {
                 pipe.set(&key, value).ignore();
+            }
+            Op::Set { value, px: Some(ms), .. } => {
+                pipe.pset_ex(&key, value, ms).ignore();
             }
             Op::Publish { event, .. } => self.publish(pipe, event),
         }
@@ -476,7 +483,7 @@ impl SharedStore for RedisStore {
                 let event = Some(Event::FirstToken { id: id.0, elapsed_ms: *elapsed_ms });
                 self.send(Op::Put { record, expires: a.created_at + self.assignment_ttl, event });
                 if let Some(json) = calibration.as_ref().and_then(|c| serde_json::to_string(c).ok()) {
-                    self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json });
+                    self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json, px: None });
                 }
             }
             (FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id }, Applied::Freed(_)) => {
@@ -529,6 +536,24 @@ impl SharedStore for RedisStore {
 
     fn ledger(&self) -> Option<Arc<dyn crate::tenancy::Ledger>> {
         Some(self.ledger.clone())
+    }
+
+    fn share_response(&self, id: &str, owner: &crate::responses::Owner, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.send(Op::Set { key: self.response_key(id), value: owner.encode(), px: Some(ms) });
+    }
+
+    fn find_response(&self, id: &str) -> crate::store::ResponseFuture {
+        let key = self.response_key(id);
+        let Some(me) = self.arc() else { return Box::pin(async { None }) };
+        Box::pin(async move {
+            let shard = me.shards.owner(&key);
+            if !me.shards.is_up(shard) {
+                return None;
+            }
+            let value: Option<String> = me.shards.cmd(shard, redis::cmd("GET").arg(&key)).await.ok()?;
+            value.as_deref().and_then(crate::responses::Owner::decode)
+        })
     }
 
     fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {

@@ -44,8 +44,9 @@ pub enum Op {
     Put { record: Box<Record>, expires: Instant, event: Option<Event> },
     /// Delete the record and publish `event`.
     Delete { id: u64, event: Event },
-    /// A plain key/value with a TTL (calibration snapshots).
-    Set { key: String, value: String },
+    /// A plain key/value (calibration snapshots), with a TTL in ms when `px` is set
+    /// (response owners).
+    Set { key: String, value: String, px: Option<u64> },
     /// Only publish `event`, on the shard owning `key`.
     Publish { key: String, event: Event },
 }

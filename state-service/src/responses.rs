@@ -1,0 +1,189 @@
+//! Where each stored Responses API response lives.
+//!
+//! vLLM keeps a stored response (`store: true`) in the memory of the one server that produced
+//! it: a follow-up naming it (`previous_response_id`), a `GET /v1/responses/{id}` or a cancel
+//! served by any other worker answers 404. kvroute learns the owner from the proxy's reports
+//! (the response id in the body's first bytes or the stream's `response.created`) and routes
+//! those requests to it. The map is bounded (oldest first out) and entries expire; with the
+//! Redis store every entry is also written there with the same TTL, and a replica that does not
+//! know an id asks Redis before answering "unknown", so the follow-up may go through any
+//! replica, also one restarted since.
+
+use crate::types::WorkerId;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// `[responses]`: the response-owner map.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResponsesConfig {
+    /// Most response ids remembered on a replica (the oldest is forgotten past it).
+    pub max_entries: usize,
+    /// How long an owner is remembered after its response (here and in Redis).
+    pub ttl_ms: u64,
+    /// How long a pick or locate waits for Redis on an id this replica does not know.
+    pub store_timeout_ms: u64,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        ResponsesConfig { max_entries: 200_000, ttl_ms: 6 * 3_600_000, store_timeout_ms: 20 }
+    }
+}
+
+/// The worker that stored a response, and how long its conversation is (prompt + output
+/// tokens: the prefix a follow-up finds cached there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub worker: WorkerId,
+    pub tokens: u32,
+}
+
+impl Owner {
+    /// `worker` + U+001F + `tokens`: the value stored in Redis.
+    pub fn encode(&self) -> String {
+        format!("{}\u{1f}{}", self.worker, self.tokens)
+    }
+
+    pub fn decode(s: &str) -> Option<Owner> {
+        let (worker, tokens) = s.split_once('\u{1f}')?;
+        Some(Owner { worker: WorkerId::new(worker), tokens: tokens.parse().ok()? })
+    }
+}
+
+/// Longest response id accepted (vLLM's are `resp_` + 32 hex).
+pub const MAX_ID_LEN: usize = 128;
+
+/// Whether `id` can be a response id: printable ASCII, no spaces or quotes.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic() && b != b'"')
+}
+
+struct Entry {
+    owner: Owner,
+    expires: Instant,
+}
+
+/// This replica's owner map.
+pub struct Owners {
+    config: ResponsesConfig,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    map: HashMap<String, Entry>,
+    /// Ids in insertion order (an id re-learned keeps its place; expiry is by TTL anyway).
+    order: VecDeque<String>,
+}
+
+impl Owners {
+    pub fn new(config: ResponsesConfig) -> Owners {
+        Owners { config, inner: Mutex::new(Inner::default()) }
+    }
+
+    pub fn config(&self) -> &ResponsesConfig {
+        &self.config
+    }
+
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.config.ttl_ms)
+    }
+
+    /// Remembers (or updates) `id`'s owner.
+    pub fn learn(&self, id: &str, owner: Owner, now: Instant) {
+        let mut inner = self.inner.lock();
+        let expires = now + self.ttl();
+        if let Some(e) = inner.map.get_mut(id) {
+            *e = Entry { owner, expires };
+            return;
+        }
+        inner.map.insert(id.to_string(), Entry { owner, expires });
+        inner.order.push_back(id.to_string());
+        while inner.map.len() > self.config.max_entries.max(1) {
+            let Some(oldest) = inner.order.pop_front() else { break };
+            inner.map.remove(&oldest);
+        }
+    }
+
+    /// The owner of `id` if known and not expired.
+    pub fn get(&self, id: &str, now: Instant) -> Option<Owner> {
+        let mut inner = self.inner.lock();
+        // Expired entries at the front go first (bounded work: they were inserted first).
+        while let Some(front) = inner.order.front() {
+            match inner.map.get(front) {
+                Some(e) if e.expires > now => break,
+                _ => {
+                    if let Some(old) = inner.order.pop_front() {
+                        if inner.map.get(&old).is_some_and(|e| e.expires <= now) {
+                            inner.map.remove(&old);
+                        }
+                    }
+                }
+            }
+        }
+        inner.map.get(id).filter(|e| e.expires > now).map(|e| e.owner.clone())
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The owner of `id`: this replica's map, else the store (bounded by `store_timeout_ms`),
+/// remembered here once found. Counts an unknown id under `path`.
+pub async fn owner(state: &crate::state::AppState, id: &str, path: &'static str) -> Option<Owner> {
+    let now = Instant::now();
+    if let Some(o) = state.owners.get(id, now) {
+        return Some(o);
+    }
+    let wait = Duration::from_millis(state.owners.config.store_timeout_ms);
+    match tokio::time::timeout(wait, state.store.find_response(id)).await.ok().flatten() {
+        Some(o) => {
+            state.owners.learn(id, o.clone(), now);
+            Some(o)
+        }
+        None => {
+            state.metrics.count_affinity(path, "unknown");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(w: &str, tokens: u32) -> Owner {
+        Owner { worker: WorkerId::new(w), tokens }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn owners_are_bounded_and_expire() {
+        let owners = Owners::new(ResponsesConfig { max_entries: 2, ttl_ms: 1_000, ..ResponsesConfig::default() });
+        let now = Instant::now();
+        owners.learn("resp_a", owner("w0", 10), now);
+        owners.learn("resp_b", owner("w1", 20), now);
+        owners.learn("resp_a", owner("w0", 30), now);
+        assert_eq!(owners.get("resp_a", now), Some(owner("w0", 30)), "re-learned: updated");
+        owners.learn("resp_c", owner("w2", 5), now);
+        assert_eq!((owners.get("resp_a", now), owners.len()), (None, 2), "the oldest went first");
+        assert_eq!(owners.get("resp_c", now + Duration::from_millis(999)), Some(owner("w2", 5)));
+        assert_eq!(owners.get("resp_c", now + Duration::from_millis(1_000)), None, "expired");
+        assert!(owners.is_empty());
+    }
+
+    #[test]
+    fn owners_round_trip_and_ids_are_checked() {
+        assert_eq!(Owner::decode(&owner("w 1", 7).encode()), Some(owner("w 1", 7)));
+        assert_eq!(Owner::decode("junk"), None);
+        assert!(valid_id("resp_0123abcd") && !valid_id("") && !valid_id("a b") && !valid_id("a\"b") && !valid_id(&"x".repeat(129)));
+    }
+}
