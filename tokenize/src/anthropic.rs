@@ -103,7 +103,7 @@ fn convert_message(msg: &Json, merge_inline_system: bool, out: &mut Vec<Json>) -
         Json::Array(blocks) => convert_blocks(blocks, role, &mut m, out)?,
         _ => return Err(input("message content must be a string or a list of blocks")),
     }
-    if !(role == "user" && !m.contains_key("content")) {
+    if role != "user" || m.contains_key("content") {
         out.push(Json::Object(m));
     }
     Ok(())

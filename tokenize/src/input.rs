@@ -6,11 +6,17 @@
 //! forwards it). Defaults are vLLM's: `add_generation_prompt = true`,
 //! `continue_final_message = false`. Template kwargs merge as vLLM merges them: server defaults,
 //! then the request's `chat_template_kwargs`, then the request-level fields.
+//!
+//! A Responses `template_input` (`input`, `instructions`, `tools`, `chat_template_kwargs`) is
+//! first turned into the chat input vLLM's Responses endpoint builds ([`responses`]); a
+//! `previous_response_id` conversation's history is not in it (see
+//! [`responses::chat_template_input`] for callers that have it).
 
 use crate::anthropic::{self, AnthropicRendering};
 use crate::chat::RenderInput;
 use crate::error::{input, TokenizeError};
 use crate::openai::{self, ContentFormat};
+use crate::responses;
 use kvroute_core::request::Api;
 use serde_json::{Map, Value as Json};
 
@@ -75,8 +81,12 @@ pub fn parse(template_input: &str, api: Api, template: &str, settings: &RenderSe
     let Json::Object(mut obj) = value else {
         return Err(input("template input must be a JSON object"));
     };
+    if api == Api::Responses {
+        // vLLM builds chat messages from the Responses input, then renders them as chat.
+        obj = responses::chat_template_input(&obj, None)?;
+    }
     let (messages, tools) = match api {
-        Api::ChatCompletions => {
+        Api::ChatCompletions | Api::Responses => {
             let Some(Json::Array(messages)) = obj.shift_remove("messages") else {
                 return Err(input("messages must be an array"));
             };
@@ -92,9 +102,6 @@ pub fn parse(template_input: &str, api: Api, template: &str, settings: &RenderSe
             AnthropicRendering::Disabled => return Err(TokenizeError::Unsupported("Anthropic rendering is disabled".into())),
         },
         Api::Completions => return Err(TokenizeError::Unsupported("completions prompts are text, not chat".into())),
-        // Rendered once vLLM's Responses message construction is ported (issue 15); until
-        // then the pick routes a Responses prompt on its text chunks (counted as degraded).
-        Api::Responses => return Err(TokenizeError::Unsupported("Responses input rendering".into())),
     };
     let normalized = openai::normalize_messages(&messages, settings.content_format, template)?;
     let tools = tools.as_deref().map(openai::normalize_tools).transpose()?;

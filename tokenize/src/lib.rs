@@ -3,7 +3,9 @@
 //!
 //! vLLM caches blocks of the *rendered* prompt's token ids. For a chat request that is: the
 //! request's messages normalized the way vLLM normalizes them ([`openai`], and for Anthropic
-//! `/v1/messages` first converted the way vLLM's endpoint converts them, [`anthropic`]),
+//! `/v1/messages` first converted the way vLLM's endpoint converts them, [`anthropic`], and
+//! for `/v1/responses` first built into chat messages the way vLLM's endpoint builds them,
+//! [`responses`]),
 //! rendered with the model's Jinja chat template exactly as Hugging Face's
 //! `apply_chat_template` renders it ([`chat`]), then encoded with the model's `tokenizer.json`
 //! without adding special tokens. Plain completion prompts are encoded with special tokens.
@@ -14,7 +16,7 @@
 //! template allows it ([`prefix`]). The state service and the simulator share this crate.
 //!
 //! The modules form layers, each using only those below it: `error`; then `config`, `pieces`,
-//! `cache`, `openai`, `anthropic`, `chat`; then `input` (request -> [`chat::RenderInput`]),
+//! `cache`, `openai`, `anthropic`, `responses`, `chat`; then `input` (request -> [`chat::RenderInput`]),
 //! `encode` (text -> ids) and `prefix` (incremental rendering); [`model`] on top.
 
 pub mod anthropic;
@@ -27,6 +29,7 @@ pub mod input;
 pub mod model;
 pub mod openai;
 pub mod pieces;
+pub mod responses;
 mod prefix;
 
 pub use anthropic::AnthropicRendering;
