@@ -36,6 +36,7 @@ pub struct RawConfig {
     pub state_authority: String,
     pub pick_path: String,
     pub report_path: String,
+    pub locate_path: String,
     pub pick_timeout_ms: u64,
     pub report_timeout_ms: u64,
     pub routing_mode: RoutingMode,
@@ -67,6 +68,7 @@ impl Default for RawConfig {
             state_authority: "kvroute-state".into(),
             pick_path: "/v1/pick".into(),
             report_path: "/v1/report".into(),
+            locate_path: "/v1/locate".into(),
             pick_timeout_ms: 50,
             report_timeout_ms: 1000,
             routing_mode: RoutingMode::Endpoint,
@@ -152,6 +154,8 @@ pub struct Config {
     pub state_authority: String,
     pub pick_path: String,
     pub report_path: String,
+    /// Where a stored Responses API response lives (`GET` / `DELETE` / cancel on it).
+    pub locate_path: String,
     pub pick_timeout: Duration,
     pub report_timeout: Duration,
     pub routing_mode: RoutingMode,
@@ -287,6 +291,7 @@ impl Config {
             state_authority: raw.state_authority,
             pick_path: raw.pick_path,
             report_path: raw.report_path,
+            locate_path: raw.locate_path,
             pick_timeout: Duration::from_millis(raw.pick_timeout_ms),
             report_timeout: Duration::from_millis(raw.report_timeout_ms),
             routing_mode: raw.routing_mode,
@@ -315,6 +320,18 @@ impl Config {
     pub fn api_for_path(&self, path: &str) -> Option<Api> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
         self.llm_paths.get(path.trim_end_matches('/')).copied()
+    }
+
+    /// The stored response a request names by path: `{responses path}/{id}` (`GET`, `DELETE`)
+    /// or `{responses path}/{id}/cancel` (`POST`), for a path configured as `responses`.
+    pub fn response_id_for_path<'a>(&self, path: &'a str) -> Option<&'a str> {
+        let path = path.split(['?', '#']).next().unwrap_or(path).trim_end_matches('/');
+        self.llm_paths.iter().filter(|(_, api)| **api == Api::Responses).find_map(|(base, _)| {
+            let rest = path.strip_prefix(base.as_str())?.strip_prefix('/')?;
+            let id = rest.strip_suffix("/cancel").unwrap_or(rest);
+            let ok = !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            ok.then_some(id)
+        })
     }
 
     /// Whether a downstream peer (host `source.address`) may see the decision's details.
@@ -358,6 +375,17 @@ mod tests {
         assert_eq!(c.api_for_path("/v1/chat/completions?x=1"), Some(Api::ChatCompletions));
         assert_eq!(c.api_for_path("/v1/models"), None);
         assert_eq!(c.block_size_for("any"), 16);
+    }
+
+    #[test]
+    fn stored_response_paths() {
+        let c = Config::parse(br#"{"state_cluster":"s"}"#).unwrap();
+        assert_eq!(c.api_for_path("/v1/responses"), Some(Api::Responses));
+        assert_eq!(c.response_id_for_path("/v1/responses/resp_1a?stream=false"), Some("resp_1a"));
+        assert_eq!(c.response_id_for_path("/v1/responses/resp_1a/cancel"), Some("resp_1a"));
+        for other in ["/v1/responses", "/v1/responses/", "/v1/responses/a/b", "/v1/responses/a%20b", "/v1/chat/completions/x"] {
+            assert_eq!(c.response_id_for_path(other), None, "{other}");
+        }
     }
 
     #[test]

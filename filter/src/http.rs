@@ -17,7 +17,7 @@ use crate::reply::{self, Reply};
 use crate::report::ResponseTracker;
 use crate::shared::Shared;
 use kvroute_core::request::{parse, Api};
-use kvroute_core::wire::{PickResponse, Report, ReportKind};
+use kvroute_core::wire::{DegradedReason, LocateRequest, PickResponse, Report, ReportKind};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
@@ -39,6 +39,8 @@ enum Phase {
     Buffering,
     /// Pick call in flight.
     Picking { token: u32, sent_ms: f64 },
+    /// Locate call in flight (a stored response's `GET` / `DELETE` / cancel).
+    Locating { token: u32, response_id: String },
 }
 
 pub struct HttpFilter {
@@ -54,6 +56,8 @@ pub struct HttpFilter {
     streaming: bool,
     /// The API of an LLM request (the shape of the filter's own error replies).
     api: Option<Api>,
+    /// Responses API: the stored response the request continues.
+    previous_response_id: String,
 }
 
 /// Identity's view of the host, for one request's headers.
@@ -85,6 +89,7 @@ impl HttpFilter {
             address: String::new(),
             streaming: false,
             api: None,
+            previous_response_id: String::new(),
         }
     }
 
@@ -116,6 +121,7 @@ impl HttpFilter {
             }
         };
         self.streaming = req.stream;
+        self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
         self.meta.assignment_id = self.shared.ids.next();
         let pick = build_pick(c, &req, &self.meta).encode_to_vec();
         let deadline = c.pick_timeout.as_millis().to_string();
@@ -152,6 +158,10 @@ impl HttpFilter {
             host::log(LogLevel::Info, &format!("kvroute: request {} of tenant {} rejected: {}", self.meta.request_id, self.meta.tenant, rejection.message));
             return Ok(Some(reply::rejected(self.api, rejection)));
         }
+        if resp.degraded_reason() == DegradedReason::DegradedResponseOwnerGone {
+            // The conversation it continues was stored by a worker that is gone: vLLM's 404.
+            return Ok(Some(reply::response_not_found(&self.previous_response_id)));
+        }
         let route =
             route_from_pick(&self.shared.config, &resp, self.meta.trusted).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
         host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
@@ -159,10 +169,54 @@ impl HttpFilter {
         host::increment(self.shared.metrics.routed);
         if route.assignment_id != 0 {
             let tail = self.shared.config.response_tail_bytes;
-            self.tracker = Some(ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming).with_tenant(&self.meta.tenant));
+            let responses = self.api == Some(Api::Responses);
+            self.tracker = Some(
+                ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming)
+                    .with_tenant(&self.meta.tenant)
+                    .capturing_response_id(responses),
+            );
         }
         self.decision = Some(route.decision);
         self.address = route.address;
+        Ok(None)
+    }
+
+    /// A stored response's `GET` / `DELETE` / cancel: asks the state service where it lives.
+    fn start_locate(&mut self, response_id: &str) -> Action {
+        let c = &self.shared.config;
+        let body = LocateRequest { response_id: response_id.to_string(), request_id: self.meta.request_id.clone() }.encode_to_vec();
+        match host::post(c, &c.locate_path, &body, c.pick_timeout, &[]) {
+            Ok(token) => {
+                self.phase = Phase::Locating { token, response_id: response_id.to_string() };
+                Action::Pause
+            }
+            Err(status) => {
+                self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"));
+                Action::Continue
+            }
+        }
+    }
+
+    /// Routes a located response's request to its worker (`Ok(None)`), answers vLLM's 404 when
+    /// its worker is gone, or leaves an unknown one to the default route (whose worker answers
+    /// the same 404 itself).
+    fn apply_locate(&mut self, body_size: usize, response_id: &str) -> Result<Option<Reply>, (FallbackReason, String)> {
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status");
+        if !is_success(status.as_deref()) {
+            return Err((classify_pick_status(status.as_deref()), format!(": status {}", status.as_deref().unwrap_or("none"))));
+        }
+        let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
+        let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
+        if resp.degraded_reason() == DegradedReason::DegradedResponseOwnerGone {
+            return Ok(Some(reply::response_not_found(response_id)));
+        }
+        if resp.worker_id.is_empty() {
+            return Ok(None);
+        }
+        let route = route_from_pick(&self.shared.config, &resp, false).map_err(|r| (r, String::new()))?;
+        host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
+        host::clear_route_cache();
+        host::increment(self.shared.metrics.routed);
         Ok(None)
     }
 
@@ -191,6 +245,19 @@ impl HttpFilter {
 
 impl Context for HttpFilter {
     fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        if let Phase::Locating { token: expected, response_id } = &self.phase {
+            if token != *expected {
+                return;
+            }
+            let response_id = response_id.clone();
+            self.phase = Phase::Idle;
+            match self.apply_locate(body_size, &response_id) {
+                Ok(Some(reply)) => return host::send_reply(&reply),
+                Ok(None) => {}
+                Err((reason, detail)) => self.fall_back(reason, &detail),
+            }
+            return host::resume_request();
+        }
         let Phase::Picking { token: expected, sent_ms } = self.phase else { return };
         if token != expected {
             return;
@@ -223,6 +290,11 @@ impl HttpContext for HttpFilter {
             host::clear_route_cache();
         }
         let path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
+        if let Some(id) = c.response_id_for_path(&path) {
+            let id = id.to_string();
+            self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
+            return self.start_locate(&id);
+        }
         let Some(api) = c.api_for_path(&path) else {
             return Action::Continue;
         };
@@ -249,6 +321,10 @@ impl HttpContext for HttpFilter {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if matches!(self.phase, Phase::Locating { .. }) {
+            // Held with the headers until the locate answers (Continue would send them on).
+            return Action::Pause;
+        }
         if self.phase != Phase::Buffering {
             return Action::Continue;
         }
@@ -303,6 +379,10 @@ impl HttpContext for HttpFilter {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let tail = self.shared.config.response_tail_bytes;
         if let Some(t) = self.tracker.as_mut() {
+            if t.wants_head() && body_size > 0 {
+                let head = host::buffer(BufferType::HttpResponseBody, 0, body_size.min(crate::report::HEAD_BYTES)).unwrap_or_default();
+                t.on_head(&head);
+            }
             let start = body_size.saturating_sub(tail);
             let chunk = if body_size > 0 {
                 host::buffer(BufferType::HttpResponseBody, start, body_size - start).unwrap_or_default()

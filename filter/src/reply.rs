@@ -81,6 +81,13 @@ pub fn unauthenticated(api: Option<Api>) -> Reply {
     }
 }
 
+/// vLLM's own 404 for a stored response nobody holds any more (its worker is gone), exactly as
+/// vLLM's Responses serving writes it.
+pub fn response_not_found(id: &str) -> Reply {
+    let body = json!({ "error": { "message": format!("Response with id '{id}' not found."), "type": "invalid_request_error", "param": "response_id", "code": 404 } });
+    Reply { status: 404, headers: vec![("content-type", "application/json".into())], body: body.to_string().into_bytes() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

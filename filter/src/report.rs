@@ -76,6 +76,10 @@ pub struct ResponseTracker {
     upstream: Option<(UpstreamFailure, String)>,
     /// The request's tenant, in every report (budgets settle by it).
     tenant: String,
+    /// Responses API: the response's id, read from the body's first bytes (a JSON body's
+    /// top-level `id`, a stream's `response.created` event); in every report once known.
+    capture_id: bool,
+    response_id: String,
     /// Token deltas seen in a streamed body (`"delta"` keys: one per OpenAI chunk, one per
     /// Anthropic content delta): what a stream cancelled before its usage cost, and the
     /// completion count of a stream that never sent usage.
@@ -94,7 +98,27 @@ impl ResponseTracker {
             tail: Tail::new(tail_bytes),
             upstream: None,
             tenant: String::new(),
+            capture_id: false,
+            response_id: String::new(),
             streamed: 0,
+        }
+    }
+
+    /// Read the response id from the body's first bytes (a Responses API request).
+    pub fn capturing_response_id(self, capture: bool) -> ResponseTracker {
+        ResponseTracker { capture_id: capture, ..self }
+    }
+
+    /// Whether the next body callback should hand [`ResponseTracker::on_head`] the body's first
+    /// bytes ([`HEAD_BYTES`] at most).
+    pub fn wants_head(&self) -> bool {
+        self.capture_id && self.response_id.is_empty() && !self.done && !self.first_token
+    }
+
+    /// The body's first bytes (before the chunk they begin is passed to `on_body`).
+    pub fn on_head(&mut self, head: &[u8]) {
+        if let Some(id) = response_id(head) {
+            self.response_id = id;
         }
     }
 
@@ -112,6 +136,7 @@ impl ResponseTracker {
             upstream_failure: failure as i32,
             served_by,
             tenant: self.tenant.clone(),
+            response_id: self.response_id.clone(),
             ..Report::default()
         }
     }
@@ -207,6 +232,26 @@ impl ResponseTracker {
     }
 }
 
+/// How much of a body's beginning is searched for a response id.
+pub const HEAD_BYTES: usize = 4096;
+
+/// The first `"id": "..."` of a body's first bytes: a Responses API JSON body's top-level
+/// `id` (vLLM dumps it first), or the `response.id` of a stream's first event
+/// (`response.created`, whose `response` object starts with its id).
+pub fn response_id(head: &[u8]) -> Option<String> {
+    let head = head.get(..head.len().min(HEAD_BYTES))?;
+    let at = head.windows(4).position(|w| w == b"\"id\"")?;
+    let rest = head.get(at + 4..)?;
+    let rest = rest.get(rest.iter().position(|b| !b.is_ascii_whitespace())?..)?;
+    let rest = rest.strip_prefix(b":")?;
+    let rest = rest.get(rest.iter().position(|b| !b.is_ascii_whitespace())?..)?;
+    let rest = rest.strip_prefix(b"\"")?;
+    let end = rest.iter().position(|b| *b == b'"')?;
+    let id = std::str::from_utf8(rest.get(..end)?).ok()?;
+    let ok = !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    ok.then(|| id.to_string())
+}
+
 /// Occurrences of `needle` in `hay` (non-overlapping).
 fn count(hay: &[u8], needle: &[u8]) -> u32 {
     if needle.is_empty() {
@@ -287,6 +332,22 @@ data: {"choices":[{"delta":{"content":"b"}}]}
         t.on_body(chunk.len(), chunk, false, 3.0);
         let cancel = t.on_log(4.0).unwrap();
         assert_eq!((cancel.kind, cancel.completion_tokens, cancel.tenant.as_str()), (ReportKind::ReportCancel as i32, 4, "team"));
+    }
+
+    #[test]
+    fn response_ids_come_from_the_first_bytes_and_ride_on_every_report() {
+        assert_eq!(response_id(br#"{"id":"resp_abc123","created_at":1,"object":"response"}"#).as_deref(), Some("resp_abc123"));
+        let stream = b"event: response.created\ndata: {\"response\": {\"id\": \"resp_9\", \"output\": []}, \"type\": \"response.created\"}\n\n";
+        assert_eq!(response_id(stream).as_deref(), Some("resp_9"));
+        assert_eq!(response_id(br#"{"error":{"message":"x"}}"#), None);
+        assert_eq!(response_id(br#"{"id":"has space"}"#), None);
+        let mut t = ResponseTracker::new(3, 0.0, 1024, true).capturing_response_id(true);
+        assert!(t.wants_head());
+        t.on_head(stream);
+        assert!(!t.wants_head());
+        let first = t.on_body(stream.len(), stream, false, 1.0);
+        assert_eq!(first[0].response_id, "resp_9");
+        assert_eq!(t.on_body(0, b"", true, 2.0)[0].response_id, "resp_9", "the complete report too");
     }
 
     #[test]
