@@ -30,3 +30,5 @@ mod tls;
 mod lost_frees;
 #[path = "redis_store/ledger.rs"]
 mod ledger;
+#[path = "redis_store/responses.rs"]
+mod responses;
