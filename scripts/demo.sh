@@ -6,6 +6,9 @@
 # comparison and the plot's path, and stop everything it started (also on Ctrl-C:
 # kvroute-bench owns every child in its own process group).
 #
+#   scripts/demo.sh --serve   starts the same stack and leaves it running for your own
+#                             clients (prints the SDK base URLs) until Ctrl-C
+#
 # Env:
 #   KVROUTE_DEMO_SECONDS  rough total run time (default 150; two passes plus drain)
 #   KVROUTE_DEMO_OUT      results directory (default bench/results/demo)
@@ -16,6 +19,12 @@ cd "$root"
 seconds="${KVROUTE_DEMO_SECONDS:-150}"
 out="${KVROUTE_DEMO_OUT:-bench/results/demo}"
 scale="${KVROUTE_DEMO_SCALE:-0.5}"
+serve=false
+case "${1:-}" in
+  --serve) serve=true ;;
+  "") ;;
+  *) echo "usage: scripts/demo.sh [--serve]" >&2; exit 2 ;;
+esac
 
 scripts/setup.sh
 echo "demo: building release binaries and the filter (the first time takes several minutes)"
@@ -29,6 +38,10 @@ if tok_dir="$(tokenize/fetch-tokenizer.sh 2>/dev/null)" && [ -f "$tok_dir/tokeni
   tok_args=(--tokenizer-dir "$tok_dir")
 else
   echo "demo: no tokenizer fixture (tokenize/fetch-tokenizer.sh failed); using byte fallback"
+fi
+
+if $serve; then
+  exec target/release/kvroute-bench up --workers 4 --time-scale "$scale" "${tok_args[@]}"
 fi
 
 # Offered load in simulated requests/s; each pass sends for about 40% of the budget in

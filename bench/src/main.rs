@@ -5,6 +5,7 @@ mod chaos_cmd;
 mod cli;
 mod output;
 mod stack_cmd;
+mod up_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -24,6 +25,9 @@ enum Cmd {
     /// Inject each failure (state replica killed / frozen, worker killed / drained, Redis shard
     /// killed) into a started stack under bounded load; print what each cost.
     Chaos(Box<chaos_cmd::ChaosArgs>),
+    /// Start the stack and keep it running for your own clients until Ctrl-C (prints the
+    /// base URLs for the OpenAI and Anthropic SDKs, and where to look).
+    Up(Box<up_cmd::UpArgs>),
     /// Write a Mooncake-format trace: --shape synthetic (the shipped sample) or production.
     GenTrace(Box<cli::GenTraceArgs>),
     /// Print a workload's reuse bounds (infinite cache, oracle with the fleet's KV) without a stack.
@@ -46,6 +50,10 @@ fn main() -> Result<()> {
         Cmd::Chaos(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(chaos_cmd::run(*args))
+        }
+        Cmd::Up(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(up_cmd::run(*args))
         }
         Cmd::GenTrace(args) => args.run(),
         Cmd::Bounds(args) => args.run(),
