@@ -84,6 +84,8 @@ pub(crate) struct Chosen {
     candidates: Vec<Candidate>,
     at: usize,
     now: Instant,
+    /// Tokens of the stored conversation the prompt continues (see [`plan`]).
+    continued: u32,
 }
 
 impl Chosen {
@@ -125,13 +127,15 @@ pub(crate) fn plan(state: &AppState, policy: Policy, req: &PickRequest, view: Mo
     if at >= candidates.len() {
         return Plan::Fallback(fallback(state, policy, req, DegradedReason::DegradedNoHealthyWorker));
     }
-    Plan::Chosen(Chosen { policy, prompt, candidates, at, now })
+    Plan::Chosen(Chosen { policy, prompt, candidates, at, now, continued })
 }
 
 /// Records a planned decision under assignment id `requested` (0: any) and answers it;
 /// `budget`: the scope admission reserved it under.
 pub(crate) fn commit(state: &AppState, req: &PickRequest, plan: Chosen, requested: u64, budget: Option<crate::tenancy::Scope>) -> PickResponse {
-    let Chosen { policy, prompt, candidates, at: chosen_at, now } = plan;
+    let Chosen { policy, prompt, candidates, at: chosen_at, now, continued } = plan;
+    // A continued conversation's blocks are held by its worker, ahead of the prompt's own.
+    let continued_blocks = continued / prompt.tokens_per_key.max(1);
     let chosen = &candidates[chosen_at];
     let mut rng = state.selector.rng();
     let id = record(state, policy, &prompt, chosen, requested, budget, &mut rng, now);
@@ -151,8 +155,8 @@ pub(crate) fn commit(state: &AppState, req: &PickRequest, plan: Chosen, requeste
         worker_id: entry.id.to_string(),
         endpoint: entry.config.endpoint.clone(),
         cluster: entry.config.cluster.clone(),
-        matched_blocks: chosen.matched,
-        total_blocks: prompt.keys.len() as u32,
+        matched_blocks: chosen.matched + continued_blocks,
+        total_blocks: prompt.keys.len() as u32 + continued_blocks,
         predicted_ttft_ms: chosen.prediction.ttft_ms,
         policy: policy.to_string(),
         ..Default::default()

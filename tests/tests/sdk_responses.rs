@@ -1,0 +1,100 @@
+//! A stored Responses API conversation through real Envoy with the official `openai` Python
+//! SDK (`tests/sdk/responses_conversation.py`), on 4 simulated workers that store responses
+//! as vLLM does (`VLLM_ENABLE_RESPONSES_API_STORE=1`: in the memory of the server that made
+//! them). Three turns, each continuing the previous one by `previous_response_id`, streamed
+//! and not: every turn succeeds, turns 2 and 3 land on turn 1's worker (any other would answer
+//! 404), and that worker serves the prior conversation from its cache; `responses.retrieve`
+//! returns the stored response. Then the same across two state-service replicas on Redis, the
+//! follow-ups and the retrieve entering through the other replica's Envoy. The Anthropic SDK's
+//! `messages.count_tokens` through Envoy returns the worker's own count.
+
+use anyhow::{bail, Context, Result};
+use kvroute_e2e::paths::repo_root;
+use kvroute_e2e::replicas::{ReplicaOptions, ReplicaStack};
+use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
+use serde_json::{json, Value};
+use std::process::Command;
+
+const SCRIPT: &str = "tests/sdk/responses_conversation.py";
+
+fn conversation(first: &str, follow: &str, stream: bool) -> Result<Value> {
+    let py = repo_root().join(".cache/venv/bin/python");
+    if !py.is_file() {
+        bail!("{} not found: run scripts/setup.sh (it installs the openai and anthropic SDKs into .cache/venv)", py.display());
+    }
+    let out = Command::new(&py)
+        .arg(repo_root().join(SCRIPT))
+        .args(["run", first, follow, MODEL, if stream { "true" } else { "false" }])
+        .output()
+        .context("running responses_conversation.py")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("responses_conversation.py failed ({:?}):\n{stdout}\n{}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_str(&stdout).with_context(|| format!("no JSON from the script:\n{stdout}"))
+}
+
+/// Every turn completed on turn 1's worker; turns 2 and 3 found the conversation cached there
+/// (kvroute counted it as matched, the worker's usage says it served it from cache).
+fn check(run: &Value, stream: bool) {
+    let turns = run["turns"].as_array().expect("turns");
+    assert_eq!(turns.len(), 3);
+    let owner = turns[0]["decision"]["worker"].as_str().expect("turn 1 routed by kvroute").to_string();
+    for (i, t) in turns.iter().enumerate() {
+        assert_eq!(t["status"], "completed", "turn {} (stream {stream}): {t:#}", i + 1);
+        assert!(t["id"].as_str().is_some_and(|id| id.starts_with("resp_")), "{t:#}");
+        assert_eq!(t["decision"]["worker"].as_str(), Some(owner.as_str()), "turn {} went to turn 1's worker: {t:#}", i + 1);
+        if stream {
+            let events: Vec<&str> = t["events"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+            assert_eq!((events.first(), events.last()), (Some(&"response.created"), Some(&"response.completed")), "{events:?}");
+        }
+        if i > 0 {
+            let matched: u64 = t["decision"]["matched"].as_str().and_then(|m| m.parse().ok()).unwrap_or(0);
+            assert!(matched > 0, "turn {}: kvroute counts the stored conversation as matched: {t:#}", i + 1);
+            let (cached, previous_input) = (t["cached_tokens"].as_u64().unwrap_or(0), turns[i - 1]["input_tokens"].as_u64().unwrap());
+            assert!(cached >= previous_input / 2, "turn {}: the worker served the prior conversation from cache ({cached} of {} tokens, previous input {previous_input})", i + 1, t["input_tokens"]);
+        }
+    }
+    assert_eq!(run["retrieved"]["id"], turns[0]["id"], "responses.retrieve found turn 1 on its worker");
+    assert_eq!(run["retrieved"]["text"], turns[0]["text"]);
+}
+
+async fn worker_count(client: &reqwest::Client, worker: &str, messages: &Value) -> Result<u64> {
+    let body = json!({ "model": MODEL, "messages": messages });
+    let v: Value = client.post(format!("{worker}/v1/messages/count_tokens")).json(&body).send().await?.error_for_status()?.json().await?;
+    v["input_tokens"].as_u64().context("input_tokens")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
+    let stack = Stack::start(StackOptions { workers: 4, ..StackOptions::default() }).await?;
+    let url = format!("http://127.0.0.1:{}", stack.envoy.port);
+    for stream in [false, true] {
+        let run = tokio::task::spawn_blocking({
+            let url = url.clone();
+            move || conversation(&url, &url, stream)
+        })
+        .await??;
+        check(&run, stream);
+        if !stream {
+            let direct = worker_count(&stack.client, &stack.worker_url(0, ""), &run["count_messages"]).await?;
+            assert_eq!(run["count_tokens"].as_u64(), Some(direct), "count_tokens through Envoy is the worker's count");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ups_through_another_replica_find_the_worker() -> Result<()> {
+    let stack = ReplicaStack::start(ReplicaOptions { workers: 4, replicas: 2, shards: 2, time_scale: 0.2, scrape_metrics: true, tables: String::new() }).await?;
+    let (a, b) = (stack.envoy_url(0, ""), stack.envoy_url(1, ""));
+    for stream in [false, true] {
+        let run = tokio::task::spawn_blocking({
+            let (a, b) = (a.clone(), b.clone());
+            move || conversation(&a, &b, stream)
+        })
+        .await??;
+        check(&run, stream);
+    }
+    Ok(())
+}
