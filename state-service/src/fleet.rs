@@ -339,6 +339,17 @@ impl Fleet {
     /// The one snapshot a pick decides on: `model`'s healthy workers with their load, pending
     /// assignments and calibration, read under one registry lock and one table lock.
     pub fn model_view(&self, model: &str) -> ModelView {
+        self.view(model, None)
+    }
+
+    /// [`Fleet::model_view`] of `worker` alone, whether or not it takes picks (suspect,
+    /// draining): a request only it can serve (a stored Responses API conversation) goes to it
+    /// while it is registered.
+    pub fn pinned_view(&self, model: &str, worker: &WorkerId) -> ModelView {
+        self.view(model, Some(worker))
+    }
+
+    fn view(&self, model: &str, pinned: Option<&WorkerId>) -> ModelView {
         let registry = self.registry.read();
         let (mut known, mut block_size) = (false, 0);
         let table = self.assignments.lock();
@@ -347,9 +358,12 @@ impl Fleet {
             .filter_map(|entry| {
                 known = true;
                 block_size = entry.block_size;
+                if pinned.is_some_and(|p| *p != entry.id) {
+                    return None;
+                }
                 let load = {
                     let l: parking_lot::MutexGuard<'_, LoadState> = entry.load.lock();
-                    if !l.takes_picks() {
+                    if pinned.is_none() && !l.takes_picks() {
                         return None;
                     }
                     l.load.clone()

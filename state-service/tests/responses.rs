@@ -75,6 +75,14 @@ async fn follow_ups_and_locates_go_to_the_worker_that_stored_the_response() {
     let a = view["assignments"].as_array().unwrap().iter().find(|a| a["assignment_id"] == follow.assignment_id).unwrap().clone();
     assert_eq!((a["prompt_tokens"].as_u64(), a["uncached_tokens"].as_u64()), (Some(68 + 32), Some(32)), "the stored 68 tokens count as cached");
 
+    // A suspect owner (the proxy saw it fail) takes no new picks, but still gets its own
+    // conversations: no other worker could serve them.
+    let failed = pick(&app, "", &[900]).await;
+    let mark = if failed.worker_id == owner { failed.assignment_id } else { follow.assignment_id };
+    report(&app, vec![Report { assignment_id: mark, kind: ReportKind::ReportCancel as i32, upstream_failure: 3, ..Default::default() }]).await;
+    assert_ne!(pick(&app, "", &held).await.worker_id, owner, "suspect: no new picks");
+    assert_eq!(pick(&app, "resp_abc", &[7]).await.worker_id, owner, "but its stored conversation still goes there");
+
     let (status, located) = locate(&app, "resp_abc").await;
     assert_eq!((status, located.as_ref().map(|l| l.worker_id.as_str())), (StatusCode::OK, Some(owner.as_str())));
     assert_eq!(located.unwrap().assignment_id, 0, "a locate records nothing");
@@ -94,7 +102,7 @@ async fn follow_ups_and_locates_go_to_the_worker_that_stored_the_response() {
     assert_ne!(pick(&app, "", &[7]).await.worker_id, "", "others still pick: {other} serves");
     let metrics = String::from_utf8(send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await.1).unwrap();
     for line in [
-        r#"kvroute_response_affinity_total{path="pick",outcome="routed"} 1"#,
+        r#"kvroute_response_affinity_total{path="pick",outcome="routed"} 2"#,
         r#"kvroute_response_affinity_total{path="pick",outcome="gone"} 1"#,
         r#"kvroute_response_affinity_total{path="locate",outcome="unknown"} 1"#,
     ] {

@@ -50,7 +50,7 @@ pub async fn pick(state: &AppState, req: &PickRequest, deadline: Option<std::tim
             // Nobody stored it (or it expired): any worker answers vLLM's own 404.
             None => {}
             Some(owner) => {
-                view.workers.retain(|w| w.entry.id == owner.worker);
+                view = state.fleet.pinned_view(&req.model, &owner.worker);
                 if view.workers.is_empty() {
                     state.metrics.count_affinity("pick", "gone");
                     return finish(state, policy, started, super::fallback(state, policy, req, kvroute_core::wire::DegradedReason::DegradedResponseOwnerGone));
