@@ -143,6 +143,12 @@ async fn noisy_neighbour() -> Result<()> {
     Ok(())
 }
 
+async fn degraded(stack: &kvroute_e2e::replicas::ReplicaStack) {
+    for r in 0..stack.replicas.len() {
+        println!("  replica {r}: kvroute_budget_degraded_total {}", stack.metric(r, "kvroute_budget_degraded_total", "").await.unwrap_or(f64::NAN));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: prints figures"]
 async fn shared_budget_two_replicas() -> Result<()> {
@@ -194,9 +200,7 @@ async fn shared_budget_two_replicas() -> Result<()> {
         "shared (Redis):   admitted {tokens} tokens in 20 s = {:.4}x the budget ({admitted} picks admitted, {rejected} rejected)",
         tokens as f64 / TENANT_BUDGET as f64
     );
-    for r in 0..2 {
-        println!("  replica {r}: kvroute_budget_degraded_total {}", stack.metric(r, "kvroute_budget_degraded_total", "").await.unwrap_or(f64::NAN));
-    }
+    degraded(&stack).await;
     for shard in &mut stack.shards {
         shard.kill();
     }
@@ -206,8 +210,6 @@ async fn shared_budget_two_replicas() -> Result<()> {
         "shards down (local share, budget / 2 per replica): admitted {tokens} tokens = {:.4}x ({admitted} admitted, {rejected} rejected)",
         tokens as f64 / TENANT_BUDGET as f64
     );
-    for r in 0..2 {
-        println!("  replica {r}: kvroute_budget_degraded_total {}", stack.metric(r, "kvroute_budget_degraded_total", "").await.unwrap_or(f64::NAN));
-    }
+    degraded(&stack).await;
     Ok(())
 }
