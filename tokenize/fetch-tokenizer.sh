@@ -4,7 +4,7 @@
 # directory that holds tokenizer.json. Idempotent: a second run only prints the path.
 #
 # The one fixture script of the repo (simulator, benchmarks, scripts). The tokenize tests also
-# install transformers, tokenizers and jinja2 there (KVROUTE_FIXTURE_PY) to compute expected ids.
+# install transformers, tokenizers, jinja2 and openai there (KVROUTE_FIXTURE_PY) to compute expected ids.
 #
 # Env:
 #   KVROUTE_CACHE_DIR   cache root (default: <repo>/.cache)

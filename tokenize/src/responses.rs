@@ -124,7 +124,7 @@ fn item_message(item: &Map<String, Json>, prev: Option<&mut Map<String, Json>>) 
         Some("custom_tool_call") => Fold::ToolCall(custom_tool_call(item)?),
         Some("reasoning") => Fold::Reasoning(reasoning(item)?),
         Some("function_call_output" | "custom_tool_call_output") => return tool_output(item).map(Some),
-        Some("message") | None if role == Some("assistant") => match assistant_text(item)? {
+        Some("message") | None if role == Some("assistant") => match assistant_text(item, kind.is_some())? {
             Some(text) => Fold::Content(text),
             None => return Ok(Some(Json::Object(item.clone()))),
         },
@@ -228,8 +228,9 @@ fn tool_output(item: &Map<String, Json>) -> Result<Json, TokenizeError> {
 
 /// An assistant message item's text, as vLLM takes it: string content, else the first
 /// part's text. `None` (the item passes through as it is) for an input-style assistant
-/// message whose first part has no text.
-fn assistant_text(item: &Map<String, Json>) -> Result<Option<String>, TokenizeError> {
+/// message whose first part has no text. `typed`: the item says `"type": "message"`, the
+/// only way vLLM parses it as an output message (`output_text` parts).
+fn assistant_text(item: &Map<String, Json>, typed: bool) -> Result<Option<String>, TokenizeError> {
     check_status(item, "an assistant message")?;
     match item.get("content") {
         Some(Json::String(s)) => Ok(Some(s.clone())),
@@ -239,11 +240,14 @@ fn assistant_text(item: &Map<String, Json>) -> Result<Option<String>, TokenizeEr
             let output_style = kinds.iter().all(|k| matches!(k.as_deref(), Some("output_text" | "refusal")));
             let input_style = kinds.iter().all(|k| matches!(k.as_deref(), Some("input_text" | "input_image" | "input_file")));
             let Some(first) = parts.first() else {
-                // vLLM indexes `content[0]` of the parsed output message: a server error.
-                return Err(input("an assistant message needs content"));
+                // A typed one is an output message whose `content[0]` vLLM reads (a server
+                // error); an untyped one passes through.
+                return if typed { Err(input("an assistant message needs content")) } else { Ok(None) };
             };
             let text = first.get("text").and_then(Json::as_str).map(str::to_string);
-            if output_style {
+            if output_style && !typed {
+                Err(input("an assistant message with output parts needs \"type\": \"message\""))
+            } else if output_style {
                 // openai's `ResponseOutputMessage`; vLLM reads `content[0].text`.
                 match kinds[0].as_deref() {
                     Some("output_text") if text.is_some() => Ok(text),

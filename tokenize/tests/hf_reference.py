@@ -211,4 +211,5 @@ def main():
     print(json.dumps(results, ensure_ascii=False))
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,15 +1,19 @@
 //! Test fixtures: the Qwen3 tokenizer directory (fetched by tokenize/fetch-tokenizer.sh into
-//! a cached venv) and the Python reference run in that venv.
+//! a cached venv), the vLLM 0.33.0 wheel (fetched by tests/conformance/setup.sh) and the
+//! Python references run in that venv.
 #![allow(dead_code)]
 
 pub mod gen;
+pub mod gen_responses;
 
 use serde_json::Value as Json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const PY_PACKAGES: &str = "transformers tokenizers jinja2";
+/// Also in scripts/setup.sh, which installs them before the tests run (parallel tests must
+/// not race on a pip install). `openai`: the SDK types vLLM parses Responses input with.
+const PY_PACKAGES: &str = "transformers tokenizers jinja2 openai";
 
 fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,10 +45,20 @@ pub fn skip_py() -> bool {
 
 /// Expected results from tests/hf_reference.py, one per case.
 pub fn python_reference(python: &Path, dir: &Path, cases: &[Json]) -> Result<Vec<Json>, String> {
-    let script = crate_dir().join("tests/hf_reference.py");
+    run_python(python, "tests/hf_reference.py", &[dir], cases)
+}
+
+/// Expected results from tests/responses_reference.py (vLLM's own Responses code, read from
+/// `wheel`), one per case.
+pub fn responses_reference(python: &Path, dir: &Path, wheel: &Path, cases: &[Json]) -> Result<Vec<Json>, String> {
+    run_python(python, "tests/responses_reference.py", &[dir, wheel], cases)
+}
+
+fn run_python(python: &Path, script: &str, args: &[&Path], cases: &[Json]) -> Result<Vec<Json>, String> {
+    let script = crate_dir().join(script);
     let mut child = Command::new(python)
         .arg(&script)
-        .arg(dir)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -57,6 +71,25 @@ pub fn python_reference(python: &Path, dir: &Path, cases: &[Json]) -> Result<Vec
         return Err(format!("python failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("bad python output: {e}"))
+}
+
+/// The vLLM 0.33.0 wheel in the cache, fetched by tests/conformance/setup.sh (idempotent)
+/// when it is not there yet.
+pub fn vllm_wheel() -> Result<PathBuf, String> {
+    let cache = std::env::var_os("KVROUTE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| crate_dir().join("../.cache"));
+    let find = || -> Option<PathBuf> {
+        let dir = std::fs::read_dir(cache.join("vllm-wheel")).ok()?;
+        dir.filter_map(|e| e.ok().map(|e| e.path())).find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vllm-0.33.0-") && n.ends_with(".whl")))
+    };
+    if let Some(wheel) = find() {
+        return Ok(wheel);
+    }
+    let setup = crate_dir().join("../tests/conformance/setup.sh");
+    let out = Command::new("bash").arg(&setup).output().map_err(|e| format!("cannot run {}: {e}", setup.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed: {}", setup.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    find().ok_or_else(|| format!("no vllm-0.33.0 wheel in {} after {}", cache.join("vllm-wheel").display(), setup.display()))
 }
 
 /// The committed hand-written corpus.
