@@ -9,6 +9,12 @@
 //! `{"model", "prompt"}` and `{"model", "messages", "add_generation_prompt", "tools"?,
 //! "continue_final_message"?, "chat_template_kwargs"?}`. Anthropic `/v1/messages` prompts are
 //! first converted the way vLLM's Anthropic endpoint converts them ([`kvroute_tokenize::anthropic`]).
+//! Responses `/v1/responses` prompts never take this path: `/tokenize` has no Responses form,
+//! and a chat body built from vLLM's Responses messages ([`kvroute_tokenize::responses`]) would
+//! be parsed again as chat-completions messages (`input_text` parts, `reasoning` keys and
+//! passed-through items meet the chat pydantic types), which is not what the Responses
+//! endpoint renders; and a follow-up's `previous_response_id` history is not in the pick. The
+//! local path renders them exactly (tests/responses_compat.rs in kvroute-tokenize).
 
 use crate::config::WorkerConfig;
 use crate::metrics::TokenizeFailure;
@@ -43,6 +49,9 @@ pub fn request_body(req: &PickRequest) -> Result<Value, TokenizeFailure> {
             return Err(TokenizeFailure::Input);
         }
         return Ok(json!({ "model": req.model, "prompt": req.prompt_text }));
+    }
+    if req.endpoint == Endpoint::Responses as i32 {
+        return Err(TokenizeFailure::Template);
     }
     let Ok(Value::Object(input)) = serde_json::from_str::<Value>(&req.chat_json) else {
         return Err(TokenizeFailure::Input);
@@ -162,6 +171,19 @@ mod tests {
             assert_eq!(request_body(&req), Err(TokenizeFailure::Input), "{bad}");
         }
         assert_eq!(request_body(&PickRequest::default()), Err(TokenizeFailure::Input));
+    }
+
+    #[test]
+    fn responses_prompts_are_not_sent_to_a_worker() {
+        let req = PickRequest {
+            model: "m".into(),
+            endpoint: Endpoint::Responses as i32,
+            chat_json: r#"{"input":[{"role":"user","content":[{"type":"input_text","text":"q"}]}],"instructions":"s"}"#.into(),
+            ..Default::default()
+        };
+        assert_eq!(request_body(&req), Err(TokenizeFailure::Template));
+        let string_input = PickRequest { chat_json: r#"{"input":"q"}"#.into(), ..req };
+        assert_eq!(request_body(&string_input), Err(TokenizeFailure::Template));
     }
 
     #[test]
