@@ -79,7 +79,9 @@ impl DpWorker {
 
     /// `/reset_prefix_cache` on every rank (vLLM broadcasts it); true if all of them reset.
     pub fn reset_prefix_cache(&self, reset_external: bool) -> bool {
-        self.ranks.iter().map(|w| w.reset_prefix_cache(reset_external)).fold(true, |all, ok| all && ok)
+        // Every rank resets (no short-circuit), then all must have.
+        let reset: Vec<bool> = self.ranks.iter().map(|w| w.reset_prefix_cache(reset_external)).collect();
+        reset.iter().all(|ok| *ok)
     }
 }
 

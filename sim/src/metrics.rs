@@ -24,12 +24,17 @@ fn esc(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// Metric families: name, help text, and how to read the value from an engine.
+type Gauge = (&'static str, &'static str, fn(&Engine) -> f64);
+type Counter = (&'static str, &'static str, fn(&EngineStats) -> u64);
+type Hist = (&'static str, &'static str, fn(&EngineStats) -> &Histogram);
+
 /// Render the exposition text: each family's HELP/TYPE once, then one series per engine.
 pub fn render(m: &MetricsInput<'_>) -> String {
     let labels: Vec<String> = m.engines.iter().map(|(i, _)| format!("model_name=\"{}\",engine=\"{i}\"", esc(m.model))).collect();
     let series = || labels.iter().zip(m.engines.iter().map(|(_, e)| *e));
     let mut out = String::with_capacity(8192 * m.engines.len().max(1));
-    let gauges: [(&str, &str, fn(&Engine) -> f64); 3] = [
+    let gauges: [Gauge; 3] = [
         ("vllm:num_requests_running", "Number of requests in model execution batches.", |e| e.num_running() as f64),
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", |e| e.num_waiting() as f64),
         ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", Engine::kv_usage),
@@ -49,7 +54,7 @@ pub fn render(m: &MetricsInput<'_>) -> String {
             cfg.block_size, cfg.num_gpu_blocks
         );
     }
-    let counters: [(&str, &str, fn(&EngineStats) -> u64); 9] = [
+    let counters: [Counter; 9] = [
         ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", |s| s.prefix_cache_queries),
         ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", |s| s.prefix_cache_hits),
         (
@@ -88,7 +93,7 @@ pub fn render(m: &MetricsInput<'_>) -> String {
         let _ = writeln!(out, "{name}{{{l},medium=\"GPU\"}} {}.0", st.cached_tokens_first_scheduled_gpu);
         let _ = writeln!(out, "{name}{{{l},medium=\"CPU\"}} {}.0", st.cached_tokens_first_scheduled_cpu);
     }
-    let hists: [(&str, &str, fn(&EngineStats) -> &Histogram); 4] = [
+    let hists: [Hist; 4] = [
         ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", |s| &s.ttft),
         ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", |s| &s.e2e),
         ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", |s| &s.queue_time),
