@@ -94,6 +94,32 @@ impl ChatTokenizer {
         }
     }
 
+    /// A plain prompt encoded without special tokens (`/tokenize` with
+    /// `add_special_tokens: false`).
+    pub fn encode_text_plain(&self, text: &str) -> Result<Vec<u32>, ChatError> {
+        match self {
+            ChatTokenizer::Model(t) => t.encoder().encode(text),
+            ChatTokenizer::ByteFallback(_) => Ok(bytes(text)),
+        }
+    }
+
+    /// The text of `ids` with special tokens kept, as vLLM's `/detokenize` decodes
+    /// (`tokenizer.decode(ids)`); ids outside the vocabulary decode to nothing.
+    pub fn decode_all(&self, ids: &[u32]) -> Result<String, ChatError> {
+        match self {
+            ChatTokenizer::Model(t) => t.encoder().tokenizer().decode(ids, false).map_err(|e| ChatError::Encode(format!("decode: {e}"))),
+            ChatTokenizer::ByteFallback(_) => Ok(String::from_utf8_lossy(&ids.iter().filter_map(|b| u8::try_from(*b).ok()).collect::<Vec<u8>>()).into_owned()),
+        }
+    }
+
+    /// The vocabulary's token strings for `ids` (`convert_ids_to_tokens`); unknown ids give "".
+    pub fn token_strs(&self, ids: &[u32]) -> Vec<String> {
+        match self {
+            ChatTokenizer::Model(t) => ids.iter().map(|id| t.encoder().tokenizer().id_to_token(*id).unwrap_or_default()).collect(),
+            ChatTokenizer::ByteFallback(_) => ids.iter().map(|b| char::from(*b as u8).to_string()).collect(),
+        }
+    }
+
     /// The text of `ids` as vLLM returns it (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String, ChatError> {
         match self {

@@ -14,7 +14,7 @@ use crate::chat::ChatTokenizer;
 use crate::engine::EngineConfig;
 use crate::events::{spawn_publisher, EventEncoding, PubCommand, PublisherConfig, PublisherError, PublisherHandle};
 use crate::dp::DpWorker;
-use crate::http::{app, AppState, Faults};
+use crate::http::{app, AppState, Faults, ResponseStore, RESPONSES_CAPACITY};
 use crate::ids::WorkerId;
 use crate::worker::{Worker, WorkerSpec};
 use parking_lot::Mutex;
@@ -41,6 +41,8 @@ pub struct ClusterConfig {
     pub encoding: EventEncoding,
     pub events: bool,
     pub drop_fraction: f64,
+    /// Whether `store: true` Responses are kept (vLLM: `VLLM_ENABLE_RESPONSES_API_STORE=1`).
+    pub responses_store: bool,
 }
 
 impl Default for ClusterConfig {
@@ -60,6 +62,7 @@ impl Default for ClusterConfig {
             encoding: EventEncoding::Map,
             events: true,
             drop_fraction: 0.0,
+            responses_store: true,
         }
     }
 }
@@ -186,6 +189,7 @@ impl Cluster {
                 answers: answers.clone(),
                 faults: Arc::new(Mutex::new(vec![faults; cfg.dp_size])),
                 layout: Arc::new(serde_json::to_value(&layout).unwrap_or_default()),
+                responses: Arc::new(ResponseStore::new(cfg.responses_store, RESPONSES_CAPACITY)),
             };
             let router = app(state);
             cluster.servers.push(tokio::spawn(async move {

@@ -91,6 +91,11 @@ struct Args {
     /// Drop this fraction of event messages (sequence numbers still advance).
     #[arg(long, default_value_t = 0.0)]
     drop_fraction: f64,
+    /// Keep `store: true` Responses API responses in each worker's memory (GET, cancel,
+    /// previous_response_id). vLLM does so only with VLLM_ENABLE_RESPONSES_API_STORE=1 (and
+    /// then ignores `store` silently otherwise); `--responses-store false` serves that default.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    responses_store: bool,
 }
 
 fn apply_override(base: &EngineConfig, spec: &str) -> Result<(usize, EngineConfig)> {
@@ -178,6 +183,7 @@ async fn main() -> Result<()> {
         encoding: if a.legacy_events { EventEncoding::Legacy } else { EventEncoding::Map },
         events: !a.no_events,
         drop_fraction: a.drop_fraction.clamp(0.0, 1.0),
+        responses_store: a.responses_store,
     };
     let cluster = Cluster::start(cfg, Arc::new(tokenizer)).await?;
     println!("{}", serde_json::json!({ "workers": cluster.layout, "tokenizer": cluster_tokenizer_kind(&a.tokenizer_dir) }));

@@ -186,3 +186,305 @@ async fn anthropic_messages() {
     assert_eq!(r.status().as_u16(), 404);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "not_found_error");
 }
+
+/// SSE events `event: <type>\ndata: <json>\n\n` as (type, data).
+fn sse_events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (name, data) = e.strip_prefix("event: ").and_then(|e| e.split_once("\ndata: ")).unwrap_or_else(|| panic!("event shape: {e:?}"));
+            (name.to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    v.as_object().unwrap().keys().map(String::as_str).collect()
+}
+
+/// `ResponsesResponse`'s fields in the order vLLM 0.33's pydantic model dumps them
+/// (`metrics` is left out when unset).
+const RESPONSE_FIELDS: &[&str] = &[
+    "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object", "output", "parallel_tool_calls",
+    "temperature", "tool_choice", "tools", "top_p", "background", "max_output_tokens", "max_tool_calls", "previous_response_id",
+    "prompt", "prompt_cache_options", "prompt_cache_key", "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier",
+    "status", "text", "top_logprobs", "truncation", "usage", "user", "presence_penalty", "frequency_penalty", "kv_transfer_params",
+    "ec_transfer_params", "input_messages", "output_messages",
+];
+
+/// `/v1/responses` as vLLM 0.33 serves it: the response object and its field order, the
+/// streamed event sequence, a three-turn `previous_response_id` conversation whose turns hit
+/// the previous turns' cached blocks, GET / cancel / 404 shapes, DELETE (no such route).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_api() {
+    let cluster = start(1, 400).await;
+    let client = reqwest::Client::new();
+    let w = cluster.layout[0].http.clone();
+    let model = cluster.layout[0].model.clone();
+    let post = |path: &str, body: Value| {
+        let (client, url) = (client.clone(), format!("{w}{path}"));
+        async move { client.post(url).json(&body).send().await.unwrap() }
+    };
+    let tokens = |messages: Value| {
+        let (client, url) = (client.clone(), format!("{w}/tokenize"));
+        async move {
+            let r: Value = client.post(url).json(&json!({"messages": messages})).send().await.unwrap().json().await.unwrap();
+            r["count"].as_u64().unwrap()
+        }
+    };
+    let system = "You answer in one short paragraph.";
+    let q1 = "Explain prefix caching, please.";
+
+    // Plain: the prompt is the chat prompt of [system: instructions, user: input]; status
+    // incomplete when max_output_tokens cuts the answer.
+    let ask = json!({"model": model, "instructions": system, "input": q1, "max_output_tokens": 40, "ignore_eos": true});
+    let r = post("/v1/responses", ask.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("x-sim-dp-rank"));
+    let text = r.text().await.unwrap();
+    assert!(text.starts_with(r#"{"id":"resp_"#), "id first, as pydantic dumps it: {text}");
+    let t1: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(keys(&t1), RESPONSE_FIELDS);
+    let id1 = t1["id"].as_str().unwrap().to_string();
+    assert_eq!(id1.len(), "resp_".len() + 32, "resp_ + uuid4 hex: {id1}");
+    assert_eq!((t1["object"].as_str(), t1["status"].as_str(), t1["model"].as_str()), (Some("response"), Some("incomplete"), Some(model.as_str())));
+    assert_eq!(t1["incomplete_details"], json!({"reason": "max_output_tokens"}));
+    assert_eq!((t1["instructions"].as_str(), t1["max_output_tokens"].as_u64(), t1["tool_choice"].as_str()), (Some(system), Some(40), Some("none")));
+    assert_eq!((t1["temperature"].as_f64(), t1["top_p"].as_f64(), t1["background"].as_bool()), (Some(1.0), Some(1.0), Some(false)));
+    let item = &t1["output"][0];
+    assert_eq!(keys(item), ["id", "content", "role", "status", "type", "phase"]);
+    assert!(item["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!((item["type"].as_str(), item["role"].as_str(), item["status"].as_str()), (Some("message"), Some("assistant"), Some("incomplete")));
+    let part = &item["content"][0];
+    assert_eq!(keys(part), ["annotations", "text", "type", "logprobs"]);
+    assert_eq!(part["type"], "output_text");
+    let answer1 = part["text"].as_str().unwrap().to_string();
+    assert_eq!(answer1.len(), 40, "byte fallback: one byte a token");
+    let p1 = tokens(json!([{"role": "system", "content": system}, {"role": "user", "content": q1}])).await;
+    let u = &t1["usage"];
+    assert_eq!(keys(u), ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"]);
+    assert_eq!((u["input_tokens"].as_u64(), u["output_tokens"].as_u64(), u["total_tokens"].as_u64()), (Some(p1), Some(40), Some(p1 + 40)));
+    assert_eq!(u["input_tokens_details"], json!({"cached_tokens": 0, "cache_write_tokens": p1 / 16 * 16, "input_tokens_per_turn": [], "cached_tokens_per_turn": []}));
+    assert_eq!(u["output_tokens_details"], json!({"reasoning_tokens": 0, "tool_output_tokens": 0, "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []}));
+
+    // GET returns the stored response as it was answered; cancel refuses a finished one.
+    let got = client.get(format!("{w}/v1/responses/{id1}")).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.json::<Value>().await.unwrap(), t1);
+    let r = post(&format!("/v1/responses/{id1}/cancel"), json!({})).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": {"message": "Cannot cancel a synchronous response.", "type": "invalid_request_error", "param": "response_id", "code": 400}})
+    );
+
+    // Streamed: the same prompt, so the same answer, now with its blocks cached.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let r = post("/v1/responses", streamed).await;
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let events = sse_events(&r.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want = vec!["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"];
+    want.extend(["response.output_text.delta"; 40]);
+    want.extend(["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]);
+    assert_eq!(names, want);
+    for (i, (name, data)) in events.iter().enumerate() {
+        assert_eq!((data["type"].as_str(), data["sequence_number"].as_u64()), (Some(name.as_str()), Some(i as u64)), "{data}");
+    }
+    let created = &events[0].1["response"];
+    assert_eq!(keys(created), RESPONSE_FIELDS);
+    assert!(created["id"].as_str().unwrap().starts_with("resp_") && created["id"] != t1["id"]);
+    assert_eq!((created["status"].as_str(), created["output"].as_array().map(Vec::len), &created["usage"]), (Some("in_progress"), Some(0), &Value::Null));
+    assert_eq!(keys(&events[2].1), ["item", "output_index", "sequence_number", "type"]);
+    assert_eq!((events[2].1["item"]["status"].as_str(), events[2].1["item"]["content"].as_array().map(Vec::len)), (Some("in_progress"), Some(0)));
+    assert_eq!(keys(&events[4].1), ["content_index", "delta", "item_id", "logprobs", "output_index", "sequence_number", "type"]);
+    let deltas: String = events.iter().filter_map(|(_, d)| d["delta"].as_str()).collect();
+    assert_eq!(deltas, answer1, "same prompt, same answer");
+    let item_id = events[2].1["item"]["id"].as_str().unwrap();
+    assert!(events[3..events.len() - 1].iter().all(|(_, d)| d["item_id"].as_str().or(d["item"]["id"].as_str()) == Some(item_id)));
+    assert_eq!(events[44].1["text"].as_str(), Some(answer1.as_str()));
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!((done["id"].as_str(), done["status"].as_str()), (created["id"].as_str(), Some("incomplete")));
+    assert_eq!(done["output"][0]["id"].as_str(), Some(item_id), "the final response reuses the streamed item");
+    assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"].as_u64(), Some(p1 / 16 * 16), "the repeat hit the prompt's full blocks");
+    let got: Value = client.get(format!("{w}/v1/responses/{}", done["id"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(&got, done, "a streamed response is stored too");
+
+    // Without ignore_eos the answer ends at the simulated EOS: completed.
+    let r: Value = post("/v1/responses", json!({"input": "hi", "store": false})).await.json().await.unwrap();
+    assert_eq!((r["status"].as_str(), r["incomplete_details"].clone(), r["output"][0]["status"].as_str()), (Some("completed"), Value::Null, Some("completed")));
+    assert_eq!(client.get(format!("{w}/v1/responses/{}", r["id"].as_str().unwrap())).send().await.unwrap().status(), 404, "store: false");
+
+    // Three turns by previous_response_id: each prompt is instructions + the stored
+    // conversation + its output + the new input, so it starts with the last turn's prompt and
+    // answer and hits their blocks (all but the last generated token were computed).
+    let q2 = "And how does routing use it?";
+    let t2: Value = post("/v1/responses", json!({"instructions": system, "input": q2, "previous_response_id": id1, "max_output_tokens": 30, "ignore_eos": true}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let answer2 = t2["output"][0]["content"][0]["text"].as_str().unwrap().to_string();
+    let convo2 = json!([{"role": "system", "content": system}, {"role": "user", "content": q1}, {"role": "assistant", "content": answer1},
+        {"role": "user", "content": q2}]);
+    let p2 = tokens(convo2.clone()).await;
+    assert_eq!(t2["previous_response_id"].as_str(), Some(id1.as_str()));
+    assert_eq!(t2["usage"]["input_tokens"].as_u64(), Some(p2), "{t2}");
+    let cached2 = t2["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached2 >= p1, "turn 2 hits turn 1's prompt: {cached2} >= {p1}");
+    assert_eq!(cached2, (p1 + 40 - 1) / 16 * 16);
+    let q3 = "Summarize.";
+    let t3: Value = post("/v1/responses", json!({"instructions": system, "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": q3}]}],
+        "previous_response_id": t2["id"], "max_output_tokens": 8, "ignore_eos": true}))
+    .await
+    .json()
+    .await
+    .unwrap();
+    let mut convo3 = convo2.as_array().unwrap().clone();
+    convo3.extend([json!({"role": "assistant", "content": answer2}), json!({"role": "user", "content": q3})]);
+    assert_eq!(t3["usage"]["input_tokens"].as_u64(), Some(tokens(Value::Array(convo3)).await), "{t3}");
+    let cached3 = t3["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached3 >= p2, "turn 3 hits turn 2's prompt: {cached3} >= {p2}");
+
+    // 404s in vLLM's shape; DELETE is not routed by vLLM 0.33 (FastAPI: 405).
+    let missing = "resp_nope";
+    let not_found = json!({"error": {"message": format!("Response with id '{missing}' not found."), "type": "invalid_request_error", "param": "response_id", "code": 404}});
+    let r = client.get(format!("{w}/v1/responses/{missing}")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.json::<Value>().await.unwrap()), (404, not_found.clone()));
+    let r = post(&format!("/v1/responses/{missing}/cancel"), json!({})).await;
+    assert_eq!((r.status().as_u16(), r.json::<Value>().await.unwrap()), (404, not_found.clone()));
+    let r = post("/v1/responses", json!({"input": "x", "previous_response_id": missing})).await;
+    assert_eq!((r.status().as_u16(), r.json::<Value>().await.unwrap()), (404, not_found));
+    let r = client.delete(format!("{w}/v1/responses/{id1}")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["allow"].to_str().unwrap().to_string()), (405, "GET".to_string()));
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"detail": "Method Not Allowed"}));
+
+    // Validation as vLLM's: request validators raise VLLMValidationError (param named).
+    for (body, param, code) in [
+        (json!({"input": "x", "background": true, "store": false}), "background", 400),
+        (json!({"input": "x", "tool_choice": "required"}), "tool_choice", 400),
+        (json!({"instructions": "no input"}), "body.input", 400),
+        (json!({"input": "x", "model": "other"}), "", 404),
+    ] {
+        let r = post("/v1/responses", body.clone()).await;
+        assert_eq!(r.status().as_u16(), code, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(keys(&e["error"]), ["message", "type", "param", "code"]);
+        if code == 400 {
+            assert_eq!(e["error"]["param"], param, "{e}");
+        }
+    }
+
+    // Background: stored as queued at once, then completed; a background stream replays
+    // from `starting_after` on GET ?stream=true.
+    let r: Value = post("/v1/responses", json!({"input": "Background please.", "background": true, "max_output_tokens": 20, "ignore_eos": true}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((r["status"].as_str(), r["background"].as_bool(), r["usage"].clone()), (Some("queued"), Some(true), Value::Null));
+    let bid = r["id"].as_str().unwrap().to_string();
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        last = client.get(format!("{w}/v1/responses/{bid}")).send().await.unwrap().json().await.unwrap();
+        if last["status"] != "queued" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!((last["status"].as_str(), last["usage"]["output_tokens"].as_u64()), (Some("incomplete"), Some(20)), "{last}");
+    let r = post("/v1/responses", json!({"input": "Stream in the background.", "background": true, "stream": true, "max_output_tokens": 5, "ignore_eos": true})).await;
+    let live = sse_events(&r.text().await.unwrap());
+    assert_eq!(live.len(), 4 + 5 + 4);
+    let sid = live[0].1["response"]["id"].as_str().unwrap().to_string();
+    let replay = client.get(format!("{w}/v1/responses/{sid}?stream=true&starting_after=3")).send().await.unwrap().text().await.unwrap();
+    let replay = sse_events(&replay);
+    assert_eq!(replay.len(), live.len() - 4);
+    assert_eq!(replay.first().unwrap().1["sequence_number"], 4);
+    assert_eq!(replay, live[4..], "the same events");
+    let r = client.get(format!("{w}/v1/responses/{id1}?stream=true")).send().await.unwrap();
+    assert_eq!(r.status(), 400, "only a background stream replays");
+
+    // Cancelling a long background generation stops it; it stays cancelled.
+    let r: Value = post("/v1/responses", json!({"input": "Long.", "background": true, "max_output_tokens": 3000, "ignore_eos": true})).await.json().await.unwrap();
+    let lid = r["id"].as_str().unwrap().to_string();
+    let c = post(&format!("/v1/responses/{lid}/cancel"), json!({})).await;
+    assert_eq!(c.status(), 200);
+    let c: Value = c.json().await.unwrap();
+    assert_eq!((c["id"].as_str(), c["status"].as_str()), (Some(lid.as_str()), Some("cancelled")));
+    let mut running = 1;
+    for _ in 0..100 {
+        running = state(&client, &w).await["num_requests_running"].as_u64().unwrap();
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(running, 0, "the engine request was aborted");
+    let got: Value = client.get(format!("{w}/v1/responses/{lid}")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(got["status"], "cancelled");
+
+    // A restart forgets every stored response, as a real server's restart does.
+    let r = post("/sim/fault", json!({"restart": true})).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(client.get(format!("{w}/v1/responses/{id1}")).send().await.unwrap().status(), 404);
+}
+
+/// `--responses-store false` is vLLM's default (no `VLLM_ENABLE_RESPONSES_API_STORE`): `store`
+/// is ignored silently, so nothing can be fetched or continued, and background is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_without_store() {
+    use kvroute_sim::cluster::{Cluster, ClusterConfig};
+    let cfg = ClusterConfig { http_port: 0, zmq_port: 0, responses_store: false, ..ClusterConfig::default() };
+    let cluster = Cluster::start(cfg, std::sync::Arc::new(kvroute_sim::chat::ChatTokenizer::byte_fallback())).await.unwrap();
+    let client = reqwest::Client::new();
+    let w = cluster.layout[0].http.clone();
+    let r: Value = client.post(format!("{w}/v1/responses")).json(&json!({"input": "hi", "max_output_tokens": 2})).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["status"], "incomplete", "{r}");
+    let id = r["id"].as_str().unwrap();
+    assert_eq!(client.get(format!("{w}/v1/responses/{id}")).send().await.unwrap().status(), 404);
+    let r = client.post(format!("{w}/v1/responses")).json(&json!({"input": "x", "previous_response_id": id})).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let r = client.post(format!("{w}/v1/responses")).json(&json!({"input": "x", "background": true})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!((e["error"]["type"].as_str(), e["error"]["param"].as_str()), (Some("invalid_request_error"), Some("background")));
+    assert!(e["error"]["message"].as_str().unwrap().contains("VLLM_ENABLE_RESPONSES_API_STORE=1"), "{e}");
+}
+
+/// `/detokenize` and `/tokenize` in vLLM's shapes: a round trip, token strings, special
+/// tokens, validation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_detokenize() {
+    let cluster = start(1, 400).await;
+    let client = reqwest::Client::new();
+    let w = cluster.layout[0].http.clone();
+    let post = |path: &str, body: Value| {
+        let (client, url) = (client.clone(), format!("{w}{path}"));
+        async move { client.post(url).json(&body).send().await.unwrap() }
+    };
+    let text = "Hello, prefix cache — héllo";
+    let tok: Value = post("/tokenize", json!({"prompt": text, "return_token_strs": true})).await.json().await.unwrap();
+    assert_eq!(keys(&tok), ["count", "max_model_len", "tokens", "token_strs", "sim_tokenizer"]);
+    assert_eq!(tok["count"].as_u64(), Some(text.len() as u64));
+    assert_eq!(tok["token_strs"].as_array().map(Vec::len), Some(text.len()));
+    let r = post("/detokenize", json!({"model": cluster.layout[0].model, "tokens": tok["tokens"]})).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"prompt": text}), "round trip");
+    // The chat prompt's special markers survive detokenization.
+    let chat: Value = post("/tokenize", json!({"messages": [{"role": "user", "content": "hi"}]})).await.json().await.unwrap();
+    assert_eq!(chat["token_strs"], Value::Null);
+    let d: Value = post("/detokenize", json!({"tokens": chat["tokens"]})).await.json().await.unwrap();
+    assert_eq!(d["prompt"], "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    for (path, body, code) in [
+        ("/detokenize", json!({"tokens": [-1]}), 400),
+        ("/detokenize", json!({"prompt": "x"}), 400),
+        ("/detokenize", json!({"tokens": [1], "model": "other"}), 404),
+        ("/tokenize", json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true, "continue_final_message": true}), 400),
+    ] {
+        let r = post(path, body.clone()).await;
+        assert_eq!(r.status().as_u16(), code, "{path} {body}");
+        assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+}

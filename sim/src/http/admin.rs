@@ -1,4 +1,4 @@
-//! vLLM's auxiliary endpoints: `/health`, `/v1/models`, `/tokenize`, `/metrics` (one series
+//! vLLM's auxiliary endpoints: `/health`, `/v1/models`, `/tokenize`, `/detokenize`, `/metrics` (one series
 //! per data-parallel rank) and `/reset_prefix_cache` (every rank; `?reset_external=true` also
 //! empties the CPU offload tier, as vLLM's connector reset). The simulator's own
 //! endpoints are in `simctl.rs`.
@@ -35,21 +35,61 @@ struct TokenizeBody {
     prompt: Option<String>,
     /// Read by the tokenizer from the raw body, with `tools`, `add_generation_prompt`, ...
     messages: Option<IgnoredAny>,
+    /// Default true for a prompt (`TokenizeCompletionRequest`), false for messages.
+    add_special_tokens: Option<bool>,
+    #[serde(default)]
+    return_token_strs: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
 }
 
+/// vLLM's `/tokenize` (`serve/tokenize`): `{"prompt"}` (a completion prompt, special tokens
+/// added unless `add_special_tokens: false`) or `{"messages", ...}` (rendered as the chat
+/// endpoint renders it) -> `TokenizeResponse` `{count, max_model_len, tokens, token_strs}`
+/// (`token_strs` with `return_token_strs`), plus the simulator's `sim_tokenizer`.
 pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let req: TokenizeBody = parse_json(&body)?;
     check_model(&s, req.model.as_deref())?;
     let tokens = match (req.prompt, req.messages) {
+        (Some(p), None) if req.add_special_tokens == Some(false) => s.tokenizer.encode_text_plain(&p)?,
         (Some(p), None) => s.tokenizer.encode_text(&p)?,
-        (None, Some(_)) => s.tokenizer.encode_chat(utf8(&body)?, Api::ChatCompletions)?,
+        (None, Some(_)) => {
+            if req.continue_final_message == Some(true) && req.add_generation_prompt == Some(true) {
+                return Err(ApiError::BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into()));
+            }
+            s.tokenizer.encode_chat(utf8(&body)?, Api::ChatCompletions)?
+        }
         _ => return Err(ApiError::BadRequest("give exactly one of `prompt` or `messages`".into())),
     };
     let max_len = s.worker.config().max_model_len;
+    let token_strs = if req.return_token_strs == Some(true) { json!(s.tokenizer.token_strs(&tokens)) } else { Value::Null };
     Ok(Json(json!({
-        "count": tokens.len(), "max_model_len": max_len, "tokens": tokens, "token_strs": null,
+        "count": tokens.len(), "max_model_len": max_len, "tokens": tokens, "token_strs": token_strs,
         "sim_tokenizer": s.tokenizer.kind(),
     })))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    model: Option<String>,
+    tokens: Vec<i64>,
+}
+
+/// vLLM's `/detokenize`: `{"model"?, "tokens"}` -> `{"prompt"}`, the tokenizer's decoding with
+/// special tokens kept (ids past the vocabulary decode to nothing, as in `tokenizers`; a
+/// negative id fails validation).
+pub async fn detokenize(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: DetokenizeBody = parse_json(&body)?;
+    check_model(&s, req.model.as_deref())?;
+    let ids = req
+        .tokens
+        .iter()
+        .map(|t| match *t {
+            t if t < 0 => Err(ApiError::BadRequest(format!("tokens: Input should be greater than or equal to 0, got {t}"))),
+            t => Ok(u32::try_from(t).unwrap_or(u32::MAX)),
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    Ok(Json(json!({"prompt": s.tokenizer.decode_all(&ids)?})))
 }
 
 pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {

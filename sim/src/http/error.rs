@@ -19,6 +19,10 @@ pub enum ApiError {
     Chat(#[from] ChatError),
     #[error("{0}")]
     Unavailable(String),
+    /// An error vLLM writes with its own type and `param` (`create_error_response(message,
+    /// err_type, status_code, param)`), e.g. the Responses API's `invalid_request_error`s.
+    #[error("{message}")]
+    Typed { status: StatusCode, kind: &'static str, message: String, param: Option<&'static str> },
 }
 
 impl ApiError {
@@ -31,20 +35,35 @@ impl ApiError {
             ApiError::Chat(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Typed { status, .. } => *status,
         }
+    }
+
+    /// vLLM's `invalid_request_error` with a `param` (status 400 unless given).
+    pub fn invalid(status: StatusCode, message: impl Into<String>, param: &'static str) -> ApiError {
+        ApiError::Typed { status, kind: "invalid_request_error", message: message.into(), param: Some(param) }
+    }
+
+    /// A `VLLMValidationError` raised while the request parses: `BadRequestError`, the
+    /// parameter as `param`, and `str(exc)`, which appends `(parameter=...)` to the message.
+    pub fn validation(message: &str, param: &'static str) -> ApiError {
+        ApiError::Typed { status: StatusCode::BAD_REQUEST, kind: "BadRequestError", message: format!("{message} (parameter={param})"), param: Some(param) }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let kind = match status {
-            StatusCode::NOT_FOUND => "NotFoundError",
-            StatusCode::BAD_REQUEST => "BadRequestError",
-            _ => "InternalServerError",
+        let (kind, param) = match &self {
+            ApiError::Typed { kind, param, .. } => (*kind, *param),
+            _ => match status {
+                StatusCode::NOT_FOUND => ("NotFoundError", None),
+                StatusCode::BAD_REQUEST => ("BadRequestError", None),
+                _ => ("InternalServerError", None),
+            },
         };
         let body = serde_json::json!({
-            "error": {"message": self.to_string(), "type": kind, "param": null, "code": status.as_u16()}
+            "error": {"message": self.to_string(), "type": kind, "param": param, "code": status.as_u16()}
         });
         (status, Json(body)).into_response()
     }

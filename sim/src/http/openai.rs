@@ -9,7 +9,7 @@ use super::AppState;
 use crate::answer::{seed_for, Answer};
 use crate::engine::NewRequest;
 use crate::ids::RequestId;
-use crate::worker::Worker;
+use crate::worker::{TokenRx, Worker};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
@@ -74,7 +74,7 @@ pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), A
     }
 }
 
-fn max_tokens(v: Option<i64>, default: usize) -> Result<usize, ApiError> {
+pub(super) fn max_tokens(v: Option<i64>, default: usize) -> Result<usize, ApiError> {
     match v {
         None => Ok(default),
         Some(n) if n >= 1 => Ok(n as usize),
@@ -196,14 +196,30 @@ fn choose_rank<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Worke
     state.worker.rank(rank).map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
-async fn run(state: &AppState, headers: &HeaderMap, g: Generate) -> Result<Response, ApiError> {
+/// A generation submitted to a rank's engine: its token channel and the planned answer.
+pub(super) struct Started {
+    pub dp_rank: u32,
+    pub request: RequestId,
+    pub rx: TokenRx,
+    pub prompt_tokens: usize,
+    pub answer: Answer,
+}
+
+/// Plans the answer for `prompt` and submits it to the rank the headers (or the load
+/// balancer) choose.
+pub(super) fn start(state: &AppState, headers: &HeaderMap, prompt: Vec<u32>, max_tokens: usize, ignore_eos: bool, cache_salt: Option<String>) -> Result<Started, ApiError> {
     let rank = choose_rank(state, headers)?;
-    let answer = plan_answer(state, &g.prompt, g.max_tokens, g.ignore_eos)?;
-    let prompt_tokens = g.prompt.len();
-    let new = NewRequest { id: RequestId(0), prompt: g.prompt, max_tokens: g.max_tokens, ignore_eos: g.ignore_eos, cache_salt: g.cache_salt, output: answer.ids };
-    let (id, rx) = rank.submit(new)?;
-    let params = Params { kind: g.kind, model: state.worker.model().to_string(), request: id, include_usage: g.include_usage, prompt_tokens, pieces: answer.pieces };
-    let mut response = if g.stream { sse_response(params, rx) } else { collect(params, rx).await? };
-    response.headers_mut().insert("x-sim-dp-rank", HeaderValue::from(rank.dp_rank));
+    let answer = plan_answer(state, &prompt, max_tokens, ignore_eos)?;
+    let prompt_tokens = prompt.len();
+    let new = NewRequest { id: RequestId(0), prompt, max_tokens, ignore_eos, cache_salt, output: answer.ids.clone() };
+    let (request, rx) = rank.submit(new)?;
+    Ok(Started { dp_rank: rank.dp_rank, request, rx, prompt_tokens, answer })
+}
+
+async fn run(state: &AppState, headers: &HeaderMap, g: Generate) -> Result<Response, ApiError> {
+    let s = start(state, headers, g.prompt, g.max_tokens, g.ignore_eos, g.cache_salt)?;
+    let params = Params { kind: g.kind, model: state.worker.model().to_string(), request: s.request, include_usage: g.include_usage, prompt_tokens: s.prompt_tokens, pieces: s.answer.pieces };
+    let mut response = if g.stream { sse_response(params, s.rx) } else { collect(params, s.rx).await? };
+    response.headers_mut().insert("x-sim-dp-rank", HeaderValue::from(s.dp_rank));
     Ok(response)
 }

@@ -117,9 +117,15 @@ pub async fn fault(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>
         Some(r) => vec![s.worker.rank(r).map_err(|e| ApiError::BadRequest(e.to_string()))?],
         None => s.worker.ranks().iter().collect(),
     };
+    let whole_worker = targets.len() == s.worker.dp_size();
     let mut faults = s.faults.lock();
     for w in targets {
         apply(w, &mut faults[w.dp_rank as usize], &req);
+    }
+    if req.restart && whole_worker {
+        // The server process restarted: its stored Responses are gone, as with vLLM. (One
+        // rank's engine restarting alone leaves the API server, and its store, up.)
+        s.responses.clear();
     }
     let reported = if faults.len() == 1 { json!(faults[0]) } else { json!(*faults) };
     Ok(Json(json!({"faults": reported, "restarted": req.restart})))
