@@ -58,7 +58,8 @@ pub(crate) fn kwargs(obj: &Map<String, Json>, settings: &RenderSettings) -> Resu
             if let Some(bad) = RESERVED_KWARGS.iter().find(|r| k.contains_key(**r)) {
                 return Err(input(format!("chat_template_kwargs must not set {bad}")));
             }
-            out.extend(k.iter().map(|(k, v)| (k.clone(), v.clone())));
+            // vLLM's `merge_kwargs` over the server defaults skips unset values (None, "auto").
+            out.extend(k.iter().filter(|(_, v)| !v.is_null() && v.as_str() != Some("auto")).map(|(k, v)| (k.clone(), v.clone())));
         }
         Some(_) => return Err(input("chat_template_kwargs must be an object")),
     }
@@ -113,4 +114,18 @@ pub fn parse(template_input: &str, api: Api, template: &str, settings: &RenderSe
         kwargs: kwargs(&obj, settings)?,
     };
     Ok(ParsedChat { render, media_items: normalized.media_items })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unset_request_kwargs_keep_the_server_defaults() {
+        let settings = RenderSettings { default_kwargs: json!({"enable_thinking": false, "x": 1}).as_object().cloned().unwrap_or_default(), ..Default::default() };
+        let obj = json!({"chat_template_kwargs": {"enable_thinking": null, "x": "auto", "y": 2}});
+        let k = kwargs(obj.as_object().unwrap_or(&Map::new()), &settings).unwrap();
+        assert_eq!(Json::Object(k), json!({"enable_thinking": false, "x": 1, "y": 2}));
+    }
 }
