@@ -121,6 +121,12 @@ impl Tokenization {
     /// of `target` (healthy workers of the request's model); `None` when neither path could
     /// give them.
     pub async fn exact_ids(&self, metrics: &Metrics, req: &PickRequest, target: &TokenizeTarget) -> Option<ExactIds> {
+        if req.endpoint == Endpoint::Responses as i32 && !req.previous_response_id.is_empty() {
+            // vLLM prepends the stored conversation, which only its owner has: the prompt
+            // without it is not the one vLLM computes.
+            metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Template);
+            return None;
+        }
         let started = std::time::Instant::now();
         match self.local_ids(req, &target.base_model).await {
             Ok((encoded, bytes)) => {

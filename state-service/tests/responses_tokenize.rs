@@ -1,7 +1,8 @@
 //! Exact keys for Responses API (`/v1/responses`) prompts through the HTTP API: the local
 //! tokenizer renders them as vLLM's Responses endpoint does (`kvroute_tokenize::responses`),
 //! and without a local tokenizer they are never sent to a worker's `/tokenize` (which would
-//! parse them as chat messages): the pick falls to text chunks instead.
+//! parse them as chat messages): the pick falls to text chunks instead, as it does for a
+//! follow-up (`previous_response_id`), whose stored history the pick does not carry.
 
 mod common;
 
@@ -98,6 +99,14 @@ async fn a_responses_prompt_is_keyed_exactly_by_the_local_tokenizer() {
     let resp = pick(&app, &req).await;
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationLocal as i32, "{resp:?}");
     assert_eq!((resp.worker_id.as_str(), resp.matched_blocks, resp.total_blocks), ("b", keys.len() as u32, keys.len() as u32));
+
+    // A follow-up continues a stored conversation the pick does not carry: no exact ids.
+    let follow_up = PickRequest { previous_response_id: "resp_0123456789abcdef".into(), ..req };
+    let resp = pick(&app, &follow_up).await;
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "{resp:?}");
+    let (_, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(metrics.contains(r#"kvroute_tokenization_failures_total{path="local",reason="template"} 1"#), "{metrics}");
 }
 
 #[tokio::test]
