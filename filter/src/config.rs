@@ -38,6 +38,7 @@ pub struct RawConfig {
     pub report_path: String,
     pub locate_path: String,
     pub pick_timeout_ms: u64,
+    pub affinity_timeout_ms: u64,
     pub report_timeout_ms: u64,
     pub routing_mode: RoutingMode,
     pub route_header: Option<String>,
@@ -70,6 +71,7 @@ impl Default for RawConfig {
             report_path: "/v1/report".into(),
             locate_path: "/v1/locate".into(),
             pick_timeout_ms: 50,
+            affinity_timeout_ms: 400,
             report_timeout_ms: 1000,
             routing_mode: RoutingMode::Endpoint,
             route_header: None,
@@ -157,6 +159,9 @@ pub struct Config {
     /// Where a stored Responses API response lives (`GET` / `DELETE` / cancel on it).
     pub locate_path: String,
     pub pick_timeout: Duration,
+    /// Pick and locate timeout of requests naming a stored response (Responses API): the
+    /// state service may wait for a report that tells where the response is stored.
+    pub affinity_timeout: Duration,
     pub report_timeout: Duration,
     pub routing_mode: RoutingMode,
     /// Lower-case name of the header the decision is written to.
@@ -235,6 +240,7 @@ impl Config {
         }
         for (name, v) in [
             ("pick_timeout_ms", raw.pick_timeout_ms as usize),
+            ("affinity_timeout_ms", raw.affinity_timeout_ms as usize),
             ("report_timeout_ms", raw.report_timeout_ms as usize),
             ("max_body_bytes", raw.max_body_bytes),
             ("block_size", raw.block_size as usize),
@@ -293,6 +299,7 @@ impl Config {
             report_path: raw.report_path,
             locate_path: raw.locate_path,
             pick_timeout: Duration::from_millis(raw.pick_timeout_ms),
+            affinity_timeout: Duration::from_millis(raw.affinity_timeout_ms.max(raw.pick_timeout_ms)),
             report_timeout: Duration::from_millis(raw.report_timeout_ms),
             routing_mode: raw.routing_mode,
             route_header,

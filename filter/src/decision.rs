@@ -156,6 +156,7 @@ pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> P
         stream: req.stream,
         tenant: meta.tenant.clone(),
         assignment_id: meta.assignment_id,
+        previous_response_id: req.previous_response_id.clone().unwrap_or_default(),
         ..PickRequest::default()
     };
     match &req.prompt {
@@ -338,6 +339,15 @@ mod tests {
             vec!["x-kvroute-fallback", "x-gateway-destination-endpoint", "x-tenant", "x-evil"]
         );
         assert_eq!(headers_to_strip(&c, ["x-tenant"], |_| true), Vec::<String>::new(), "a trusted hop's header stays");
+    }
+
+    #[test]
+    fn a_responses_follow_up_names_its_stored_response() {
+        let c = config("");
+        let req = kvroute_core::request::parse(Api::Responses, br#"{"model":"m","input":"next","previous_response_id":"resp_1"}"#).unwrap();
+        let pick = build_pick(&c, &req, &RequestMeta::default());
+        assert_eq!((pick.previous_response_id.as_str(), pick.endpoint), ("resp_1", kvroute_core::wire::Endpoint::Responses as i32));
+        assert!(!pick.chat_json.is_empty());
     }
 
     #[test]

@@ -124,12 +124,13 @@ impl HttpFilter {
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
         self.meta.assignment_id = self.shared.ids.next();
         let pick = build_pick(c, &req, &self.meta).encode_to_vec();
-        let deadline = c.pick_timeout.as_millis().to_string();
+        let timeout = if self.previous_response_id.is_empty() { c.pick_timeout } else { c.affinity_timeout };
+        let deadline = timeout.as_millis().to_string();
         let mut extra: Vec<(&str, &str)> = vec![("x-kvroute-deadline-ms", deadline.as_str())];
         if !self.meta.request_id.is_empty() {
             extra.push(("x-request-id", self.meta.request_id.as_str()));
         }
-        match host::post(c, &c.pick_path, &pick, c.pick_timeout, &extra) {
+        match host::post(c, &c.pick_path, &pick, timeout, &extra) {
             Ok(token) => {
                 host::increment(self.shared.metrics.picks);
                 self.phase = Phase::Picking { token, sent_ms: host::now_ms() };
@@ -185,7 +186,8 @@ impl HttpFilter {
     fn start_locate(&mut self, response_id: &str) -> Action {
         let c = &self.shared.config;
         let body = LocateRequest { response_id: response_id.to_string(), request_id: self.meta.request_id.clone() }.encode_to_vec();
-        match host::post(c, &c.locate_path, &body, c.pick_timeout, &[]) {
+        let deadline = c.affinity_timeout.as_millis().to_string();
+        match host::post(c, &c.locate_path, &body, c.affinity_timeout, &[("x-kvroute-deadline-ms", deadline.as_str())]) {
             Ok(token) => {
                 self.phase = Phase::Locating { token, response_id: response_id.to_string() };
                 Action::Pause

@@ -26,11 +26,16 @@ pub struct ResponsesConfig {
     pub ttl_ms: u64,
     /// How long a pick or locate waits for Redis on an id this replica does not know.
     pub store_timeout_ms: u64,
+    /// How long a pick or locate naming an id nobody knows yet waits for it to be learned:
+    /// a client may send its follow-up the moment the response's last byte reached it, before
+    /// the proxy's next report batch told where it was stored. Keep it below the filter's
+    /// `affinity_timeout_ms`; an id still unknown then is routed as usual (vLLM's 404).
+    pub unknown_wait_ms: u64,
 }
 
 impl Default for ResponsesConfig {
     fn default() -> Self {
-        ResponsesConfig { max_entries: 200_000, ttl_ms: 6 * 3_600_000, store_timeout_ms: 20 }
+        ResponsesConfig { max_entries: 200_000, ttl_ms: 6 * 3_600_000, store_timeout_ms: 20, unknown_wait_ms: 250 }
     }
 }
 
@@ -71,6 +76,8 @@ struct Entry {
 pub struct Owners {
     config: ResponsesConfig,
     inner: Mutex<Inner>,
+    /// Woken whenever an owner is learned (picks waiting for an id see it at once).
+    learned: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -82,7 +89,7 @@ struct Inner {
 
 impl Owners {
     pub fn new(config: ResponsesConfig) -> Owners {
-        Owners { config, inner: Mutex::new(Inner::default()) }
+        Owners { config, inner: Mutex::new(Inner::default()), learned: tokio::sync::Notify::new() }
     }
 
     pub fn config(&self) -> &ResponsesConfig {
@@ -95,18 +102,21 @@ impl Owners {
 
     /// Remembers (or updates) `id`'s owner.
     pub fn learn(&self, id: &str, owner: Owner, now: Instant) {
-        let mut inner = self.inner.lock();
-        let expires = now + self.ttl();
-        if let Some(e) = inner.map.get_mut(id) {
-            *e = Entry { owner, expires };
-            return;
+        {
+            let mut inner = self.inner.lock();
+            let expires = now + self.ttl();
+            if let Some(e) = inner.map.get_mut(id) {
+                *e = Entry { owner, expires };
+            } else {
+                inner.map.insert(id.to_string(), Entry { owner, expires });
+                inner.order.push_back(id.to_string());
+                while inner.map.len() > self.config.max_entries.max(1) {
+                    let Some(oldest) = inner.order.pop_front() else { break };
+                    inner.map.remove(&oldest);
+                }
+            }
         }
-        inner.map.insert(id.to_string(), Entry { owner, expires });
-        inner.order.push_back(id.to_string());
-        while inner.map.len() > self.config.max_entries.max(1) {
-            let Some(oldest) = inner.order.pop_front() else { break };
-            inner.map.remove(&oldest);
-        }
+        self.learned.notify_waiters();
     }
 
     /// The owner of `id` if known and not expired.
@@ -137,23 +147,33 @@ impl Owners {
     }
 }
 
-/// The owner of `id`: this replica's map, else the store (bounded by `store_timeout_ms`),
-/// remembered here once found. Counts an unknown id under `path`.
+/// How often a pick waiting for an unknown id asks the store again (another replica may
+/// have got the report).
+const STORE_POLL: Duration = Duration::from_millis(20);
+
+/// The owner of `id`: this replica's map, else the store (each read bounded by
+/// `store_timeout_ms`), remembered here once found; an id nobody knows yet is waited for up to
+/// `unknown_wait_ms` (its report may be on its way). Counts an unknown id under `path`.
 pub async fn owner(state: &crate::state::AppState, id: &str, path: &'static str) -> Option<Owner> {
-    let now = Instant::now();
-    if let Some(o) = state.owners.get(id, now) {
-        return Some(o);
-    }
-    let wait = Duration::from_millis(state.owners.config.store_timeout_ms);
-    match tokio::time::timeout(wait, state.store.find_response(id)).await.ok().flatten() {
-        Some(o) => {
-            state.owners.learn(id, o.clone(), now);
-            Some(o)
+    let owners = &state.owners;
+    let deadline = Instant::now() + Duration::from_millis(owners.config.unknown_wait_ms);
+    let read = Duration::from_millis(owners.config.store_timeout_ms);
+    loop {
+        // Registered before the check, so a learn in between still wakes this wait.
+        let learned = owners.learned.notified();
+        let now = Instant::now();
+        if let Some(o) = owners.get(id, now) {
+            return Some(o);
         }
-        None => {
+        if let Some(o) = tokio::time::timeout(read, state.store.find_response(id)).await.ok().flatten() {
+            owners.learn(id, o.clone(), now);
+            return Some(o);
+        }
+        if Instant::now() >= deadline {
             state.metrics.count_affinity(path, "unknown");
-            None
+            return None;
         }
+        let _ = tokio::time::timeout_at(deadline.min(Instant::now() + STORE_POLL), learned).await;
     }
 }
 

@@ -22,7 +22,7 @@ def decision(headers):
 
 
 def turn(client, model, stream, previous, text):
-    kwargs = dict(model=model, input=text, store=True, max_output_tokens=12)
+    kwargs = dict(model=model, input=text, store=True)
     if previous:
         kwargs["previous_response_id"] = previous
     if stream:
