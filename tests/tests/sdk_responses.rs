@@ -81,6 +81,10 @@ async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
             assert_eq!(run["count_tokens"].as_u64(), Some(direct), "count_tokens through Envoy is the worker's count");
         }
     }
+    // count_tokens and the retrieves are no fallbacks: nothing fell back at all.
+    let stats = stack.client.get(format!("http://127.0.0.1:{}/stats?filter=kvroute_fallback", stack.envoy.admin_port)).send().await?.text().await?;
+    let fell_back: Vec<&str> = stats.lines().filter(|l| !l.ends_with(": 0")).collect();
+    assert!(fell_back.is_empty(), "{fell_back:?}");
     Ok(())
 }
 
