@@ -11,11 +11,12 @@
 use anyhow::{bail, Context, Result};
 use kvroute_e2e::paths::repo_root;
 use kvroute_e2e::replicas::{ReplicaOptions, ReplicaStack};
-use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
+use kvroute_e2e::stack::{Stack, StackOptions, StateToml, MODEL};
 use serde_json::{json, Value};
 use std::process::Command;
 
 const SCRIPT: &str = "tests/sdk/responses_conversation.py";
+const ADMIN: &str = "kvroute-e2e-admin-token";
 
 fn conversation(first: &str, follow: &str, stream: bool) -> Result<Value> {
     let py = repo_root().join(".cache/venv/bin/python");
@@ -67,8 +68,10 @@ async fn worker_count(client: &reqwest::Client, worker: &str, messages: &Value) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
-    let stack = Stack::start(StackOptions { workers: 4, ..StackOptions::default() }).await?;
+    let state = StateToml { top: format!("admin_token = \"{ADMIN}\""), ..StateToml::default() };
+    let stack = Stack::start(StackOptions { workers: 4, state, ..StackOptions::default() }).await?;
     let url = format!("http://127.0.0.1:{}", stack.envoy.port);
+    let mut last = Value::Null;
     for stream in [false, true] {
         let run = tokio::task::spawn_blocking({
             let url = url.clone();
@@ -76,6 +79,7 @@ async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
         })
         .await??;
         check(&run, stream);
+        last = run.clone();
         if !stream {
             let direct = worker_count(&stack.client, &stack.worker_url(0, ""), &run["count_messages"]).await?;
             assert_eq!(run["count_tokens"].as_u64(), Some(direct), "count_tokens through Envoy is the worker's count");
@@ -85,6 +89,20 @@ async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
     let stats = stack.client.get(format!("http://127.0.0.1:{}/stats?filter=kvroute_fallback", stack.envoy.admin_port)).send().await?.text().await?;
     let fell_back: Vec<&str> = stats.lines().filter(|l| !l.ends_with(": 0")).collect();
     assert!(fell_back.is_empty(), "{fell_back:?}");
+
+    // The worker that stored the conversation leaves: a follow-up and a GET get vLLM's own 404
+    // from the filter, not another worker's answer to a conversation it never saw.
+    let (owner, id) = (last["turns"][0]["decision"]["worker"].as_str().unwrap().to_string(), last["turns"][2]["id"].as_str().unwrap().to_string());
+    let removed = stack.client.delete(stack.state_url(&format!("/admin/workers/{owner}?force=true"))).bearer_auth(ADMIN).send().await?;
+    assert!(removed.status().is_success(), "{}", removed.status());
+    let plain = reqwest::Client::new();
+    let follow = plain.post(format!("{url}/v1/responses")).json(&json!({ "model": MODEL, "input": "still there?", "previous_response_id": id })).send().await?;
+    let get = plain.get(format!("{url}/v1/responses/{id}")).send().await?;
+    for resp in [follow, get] {
+        assert_eq!(resp.status(), 404);
+        let body: Value = resp.json().await?;
+        assert_eq!(body, json!({ "error": { "message": format!("Response with id '{id}' not found."), "type": "invalid_request_error", "param": "response_id", "code": 404 } }));
+    }
     Ok(())
 }
 
