@@ -295,6 +295,12 @@ impl HttpContext for HttpFilter {
         if let Some(id) = c.response_id_for_path(&path) {
             let id = id.to_string();
             self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
+            // A stored response is as private as the conversation that made it.
+            if c.identity.required && resolve(&c.identity, &HostFacts { trusted_hop }).is_none() {
+                host::increment(self.shared.metrics.unauthenticated);
+                host::send_reply(&reply::unauthenticated(Some(Api::Responses)));
+                return Action::Pause;
+            }
             return self.start_locate(&id);
         }
         let Some(api) = c.api_for_path(&path) else {

@@ -220,6 +220,8 @@ async fn identity_required_answers_401_in_the_api_shape() -> Result<()> {
     assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("authentication_error")), "{body}");
     let ok = client.post(stack.envoy.url("/v1/chat/completions")).bearer_auth(key).json(&chat).send().await?;
     assert_eq!(ok.status(), 200);
+    // A stored response is behind the same identity.
+    assert_eq!(client.get(stack.envoy.url("/v1/responses/resp_0123")).send().await?.status(), 401);
     // Only the identified request was picked.
     let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
     let picks: f64 = metrics.lines().filter(|l| l.starts_with("kvroute_picks_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
