@@ -82,6 +82,10 @@ pub struct PromptRequest {
     pub cache_salt: String,
     /// Responses API: the stored response this request continues (its worker holds it).
     pub previous_response_id: Option<String>,
+    /// A stream that ends with a usage event: OpenAI's `stream_options.include_usage`
+    /// (Anthropic and Responses streams always carry usage). Without it the proxy need not read
+    /// a streamed body at all.
+    pub stream_usage: bool,
 }
 
 impl PromptRequest {
@@ -204,7 +208,9 @@ fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<&[u8]>) -> Res
         Some(Value::String(id)) => Some(id.clone()),
         Some(_) => return Err(invalid("previous_response_id", "must be a string")),
     };
-    Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt, previous_response_id })
+    let include_usage = obj.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+    let stream_usage = stream && (include_usage || matches!(api, Api::Messages | Api::Responses));
+    Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt, previous_response_id, stream_usage })
 }
 
 /// Why a body is not a JSON object: not JSON at all, or JSON of another shape.
@@ -444,6 +450,16 @@ mod tests {
         let r = p(Api::Messages, body).unwrap();
         assert_eq!(r.canonical_text(), "system\nsys\n\nuser\nq\n\nassistant\n{\"a\":1}\n\nuser\n42\n\n");
         assert_eq!(r.max_tokens, Some(64));
+    }
+
+    #[test]
+    fn which_streams_carry_usage() {
+        let usage = |api, body: &str| p(api, body).unwrap().stream_usage;
+        assert!(usage(Api::ChatCompletions, r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#));
+        assert!(!usage(Api::ChatCompletions, r#"{"model":"m","messages":[],"stream":true}"#), "OpenAI streams only on request");
+        assert!(!usage(Api::Completions, r#"{"model":"m","prompt":[1],"stream_options":{"include_usage":true}}"#), "not a stream");
+        assert!(usage(Api::Messages, r#"{"model":"m","messages":[],"stream":true}"#));
+        assert!(usage(Api::Responses, r#"{"model":"m","input":"x","stream":true}"#));
     }
 
     #[test]

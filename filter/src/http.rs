@@ -58,6 +58,8 @@ pub struct HttpFilter {
     api: Option<Api>,
     /// Responses API: the stored response the request continues.
     previous_response_id: String,
+    /// The stream ends with a usage event (else its body is never read).
+    stream_usage: bool,
 }
 
 /// Identity's view of the host, for one request's headers.
@@ -90,6 +92,7 @@ impl HttpFilter {
             streaming: false,
             api: None,
             previous_response_id: String::new(),
+            stream_usage: false,
         }
     }
 
@@ -122,6 +125,7 @@ impl HttpFilter {
         };
         self.streaming = req.stream;
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
+        self.stream_usage = req.stream_usage;
         self.meta.assignment_id = self.shared.ids.next();
         let pick = build_pick(c, &req, &self.meta).encode_to_vec();
         let timeout = if self.previous_response_id.is_empty() { c.pick_timeout } else { c.affinity_timeout };
@@ -174,7 +178,8 @@ impl HttpFilter {
             self.tracker = Some(
                 ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming)
                     .with_tenant(&self.meta.tenant)
-                    .capturing_response_id(responses),
+                    .capturing_response_id(responses)
+                    .without_stream_usage(self.stream_usage),
             );
         }
         self.decision = Some(route.decision);
@@ -392,7 +397,7 @@ impl HttpContext for HttpFilter {
                 t.on_head(&head);
             }
             let start = body_size.saturating_sub(tail);
-            let chunk = if body_size > 0 {
+            let chunk = if body_size > 0 && t.reads_body() {
                 host::buffer(BufferType::HttpResponseBody, start, body_size - start).unwrap_or_default()
             } else {
                 Vec::new()

@@ -80,6 +80,11 @@ pub struct ResponseTracker {
     /// top-level `id`, a stream's `response.created` event); in every report once known.
     capture_id: bool,
     response_id: String,
+    /// Whether body bytes are read at all: a non-streamed body (usage at its end), a stream
+    /// that ends with a usage event, or a Responses API body (its id in its first bytes).
+    /// Reading a chunk costs the proxy a host call per SSE event; a stream without usage is
+    /// only counted.
+    reads_body: bool,
     /// Token deltas seen in a streamed body (`"delta"` keys: one per OpenAI chunk, one per
     /// Anthropic content delta): what a stream cancelled before its usage cost, and the
     /// completion count of a stream that never sent usage.
@@ -101,7 +106,21 @@ impl ResponseTracker {
             capture_id: false,
             response_id: String::new(),
             streamed: 0,
+            reads_body: true,
         }
+    }
+
+    /// A stream that carries no usage (see `kvroute_core::request::PromptRequest::stream_usage`):
+    /// its chunks are counted (one per token as vLLM streams), never read.
+    pub fn without_stream_usage(self, stream_usage: bool) -> ResponseTracker {
+        let reads_body = !self.streaming || stream_usage || self.capture_id;
+        ResponseTracker { reads_body, ..self }
+    }
+
+    /// Whether the next body chunk's bytes should be read (`on_body` gets them); when not,
+    /// `on_body` gets an empty slice and the chunk's length.
+    pub fn reads_body(&self) -> bool {
+        self.reads_body && !self.done
     }
 
     /// Read the response id from the body's first bytes (a Responses API request).
@@ -187,7 +206,8 @@ impl ResponseTracker {
         }
         self.tail.push(chunk);
         if self.streaming {
-            self.streamed = self.streamed.saturating_add(count(chunk, b"\"delta\""));
+            let deltas = if self.reads_body { count(chunk, b"\"delta\"") } else { u32::from(len > 0) };
+            self.streamed = self.streamed.saturating_add(deltas);
         }
         if len > 0 && !self.first_token {
             self.first_token = true;
@@ -332,6 +352,19 @@ data: {"choices":[{"delta":{"content":"b"}}]}
         t.on_body(chunk.len(), chunk, false, 3.0);
         let cancel = t.on_log(4.0).unwrap();
         assert_eq!((cancel.kind, cancel.completion_tokens, cancel.tenant.as_str()), (ReportKind::ReportCancel as i32, 4, "team"));
+    }
+
+    #[test]
+    fn a_stream_without_usage_is_counted_not_read() {
+        let mut t = ResponseTracker::new(5, 0.0, 1024, true).without_stream_usage(false);
+        assert!(!t.reads_body());
+        t.on_headers(Some(200), false, 1.0, ok());
+        assert_eq!(kinds(&t.on_body(120, &[], false, 2.0)), vec![ReportKind::ReportFirstToken as i32]);
+        t.on_body(118, &[], false, 3.0);
+        let done = t.on_body(0, &[], true, 4.0);
+        assert_eq!((done[0].kind, done[0].completion_tokens), (ReportKind::ReportComplete as i32, 2), "two chunks, two tokens");
+        assert!(ResponseTracker::new(5, 0.0, 1024, false).without_stream_usage(false).reads_body(), "a JSON body ends with its usage");
+        assert!(ResponseTracker::new(5, 0.0, 1024, true).without_stream_usage(true).reads_body());
     }
 
     #[test]
