@@ -1,11 +1,17 @@
 //! Index benchmark: prefix-lookup latency, ingestion throughput, memory per (block, engine).
 //!
-//! `cargo run -p kvroute-state --release --example index_bench`
+//! `cargo run -p kvroute-state --release --example index_bench [ENGINES BLOCKS_PER_ENGINE]`
 //!
-//! Fleet: 64 engines x 50,000 blocks (block size 16). Every engine holds one 512-block shared
-//! prefix (a long system prompt: the lookup worst case, every key held by all 64 engines) and
-//! the rest as 48-block conversation tails of its own (the memory worst case: one engine per
-//! key). Figures are a report, not a test; they vary with the machine.
+//! Fleet (default 64 engines x 50,000 blocks, block size 16): every engine holds one
+//! 512-block shared prefix (a long system prompt: the lookup worst case, every key held by
+//! every engine) and the rest as 48-block conversation tails of its own (the memory worst
+//! case: one engine per key). `index_bench 1000 20000` loads the 1,000-engine fleet.
+//! Figures are a report, not a test; they vary with the machine.
+//!
+//! `KVROUTE_BENCH_THREADS=1,2,4` sets the thread counts of the parallel-ingestion rows
+//! (default 1,2); `KVROUTE_BENCH_ONLY=lookup,ingest,parallel` runs only those sections after
+//! loading the fleet. Lookup rows print the minimum too: on a shared machine the p99 is
+//! mostly other processes' time slices, the minimum is the lookup's own cost.
 
 use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_state::events::{decode_batch_into, EventBatch};
@@ -15,7 +21,7 @@ use kvroute_state::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
 use rmpv::Value;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// Counts live heap bytes, so the index's footprint is measured, not estimated.
@@ -41,8 +47,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const ENGINES: u32 = 64;
-const BLOCKS_PER_ENGINE: usize = 50_000;
 const BS: usize = 16;
 const SHARED: usize = 512;
 const TAIL: usize = 48;
@@ -67,23 +71,23 @@ fn stored(hashes: Vec<EngineHash>, parent: Option<EngineHash>, token_ids: Vec<u3
     KvEvent::Stored { hashes, parent, token_ids, block_size: BS as u32, lora_name: None, cache_salt: None, tier: Tier::Gpu }
 }
 
-/// Loads one engine: the shared prefix, then its own tails, as vLLM would report them.
-fn load_engine(index: &MemoryIndex, engine: u32, shared: &[u32], rng: &mut Rng) {
-    let slot = EngineSlot(engine);
+/// One engine's load: the shared prefix, then its own tails, as vLLM would report them.
+fn engine_batches(engine: u32, blocks: usize, shared: &[u32], rng: &mut Rng) -> Vec<KvEvent> {
     let mut h = u64::from(engine) << 40;
     let mut next_hash = || {
         h += 1;
         EngineHash(h.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     };
     let hashes: Vec<_> = (0..SHARED).map(|_| next_hash()).collect();
-    index.apply(slot, MODEL, BS as u32, &[stored(hashes, None, shared.to_vec())]);
-    let mut left = BLOCKS_PER_ENGINE - SHARED;
+    let mut out = vec![stored(hashes, None, shared.to_vec())];
+    let mut left = blocks - SHARED;
     while left > 0 {
         let n = left.min(TAIL);
         let hashes: Vec<_> = (0..n).map(|_| next_hash()).collect();
-        index.apply(slot, MODEL, BS as u32, &[stored(hashes, None, rng.tokens(n * BS))]);
+        out.push(stored(hashes, None, rng.tokens(n * BS)));
         left -= n;
     }
+    out
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -102,7 +106,8 @@ fn bench_lookup(index: &MemoryIndex, label: &str, keys: &[BlockKey], iters: usiz
     let total = start.elapsed();
     lat.sort_unstable();
     println!(
-        "  {label:<46} p50 {:>7.2} us  p99 {:>7.2} us  {:>9.0} matches/s  ({} engines)",
+        "  {label:<46} min {:>6.2} us  p50 {:>7.2} us  p99 {:>7.2} us  {:>9.0} matches/s  ({} engines)",
+        lat[0].as_secs_f64() * 1e6,
         percentile(&lat, 0.50).as_secs_f64() * 1e6,
         percentile(&lat, 0.99).as_secs_f64() * 1e6,
         iters as f64 / total.as_secs_f64(),
@@ -110,13 +115,19 @@ fn bench_lookup(index: &MemoryIndex, label: &str, keys: &[BlockKey], iters: usiz
     );
 }
 
-/// Encoded batches of one BlockStored event with `per_event` chained blocks each.
-fn encoded_batches(total_blocks: usize, per_event: usize, rng: &mut Rng) -> Vec<Vec<u8>> {
+/// Encoded batches of one BlockStored event with `per_event` chained blocks each. `stream`
+/// makes the engine hashes distinct between streams.
+fn encoded_batches(total_blocks: usize, per_event: usize, stream: u64, rng: &mut Rng) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut parent: Option<u64> = None;
-    let mut h = 0xabcd_0000_0000_0000u64;
+    let mut h = 0xabcd_0000_0000_0000u64 ^ (stream << 40);
     for _ in 0..total_blocks / per_event {
-        let hashes: Vec<u64> = (0..per_event).map(|_| { h += 1; h | (1 << 63) }).collect();
+        let hashes: Vec<u64> = (0..per_event)
+            .map(|_| {
+                h += 1;
+                h | (1 << 63)
+            })
+            .collect();
         let ev = Value::Map(vec![
             ("type".into(), "BlockStored".into()),
             ("block_hashes".into(), Value::Array(hashes.iter().map(|&x| Value::from(x)).collect())),
@@ -137,8 +148,10 @@ fn encoded_batches(total_blocks: usize, per_event: usize, rng: &mut Rng) -> Vec<
     out
 }
 
+const INGEST_BLOCKS: usize = 256_000;
+
 fn bench_ingest(index: &MemoryIndex, engine: u32, per_event: usize, rng: &mut Rng) {
-    let payloads = encoded_batches(256_000, per_event, rng);
+    let payloads = encoded_batches(INGEST_BLOCKS, per_event, u64::from(engine), rng);
     let blocks = payloads.len() * per_event;
     let mut batch = EventBatch::default();
     let start = Instant::now();
@@ -150,20 +163,123 @@ fn bench_ingest(index: &MemoryIndex, engine: u32, per_event: usize, rng: &mut Rn
     println!("  {per_event:>3} blocks/event: {:>10.0} blocks/s  ({blocks} blocks, decode + apply, one thread)", blocks as f64 / secs);
 }
 
+/// The 16-blocks/event row split: decoding alone, and applying already decoded batches.
+fn bench_ingest_parts(index: &MemoryIndex, engine: u32, rng: &mut Rng) {
+    let payloads = encoded_batches(INGEST_BLOCKS, 16, u64::from(engine), rng);
+    let blocks = payloads.len() * 16;
+    let mut batch = EventBatch::default();
+    let start = Instant::now();
+    for p in &payloads {
+        decode_batch_into(p, &mut batch).expect("decode");
+        std::hint::black_box(&batch);
+    }
+    let decode = start.elapsed().as_secs_f64();
+    let decoded: Vec<Vec<KvEvent>> = payloads
+        .iter()
+        .map(|p| {
+            decode_batch_into(p, &mut batch).expect("decode");
+            batch.events.clone()
+        })
+        .collect();
+    let start = Instant::now();
+    for events in &decoded {
+        index.apply(EngineSlot(engine), MODEL, BS as u32, events);
+    }
+    let apply = start.elapsed().as_secs_f64();
+    println!(
+        "   16 blocks/event: decode alone {:>10.0} blocks/s, apply alone {:>10.0} blocks/s",
+        blocks as f64 / decode,
+        blocks as f64 / apply
+    );
+}
+
+/// `threads` threads, each decoding and applying its own engines' batches (16 blocks per
+/// event) into the loaded fleet at the same time; aggregate blocks/s.
+fn bench_parallel_ingest(index: &Arc<MemoryIndex>, first_engine: u32, threads: usize, rng: &mut Rng) {
+    const ENGINES_PER_THREAD: usize = 4;
+    let per_engine = INGEST_BLOCKS / ENGINES_PER_THREAD;
+    let work: Vec<Vec<(u32, Vec<Vec<u8>>)>> = (0..threads)
+        .map(|t| {
+            (0..ENGINES_PER_THREAD)
+                .map(|i| {
+                    let e = first_engine + (t * ENGINES_PER_THREAD + i) as u32;
+                    (e, encoded_batches(per_engine, 16, u64::from(e), rng))
+                })
+                .collect()
+        })
+        .collect();
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = work
+        .into_iter()
+        .map(|engines| {
+            let (index, barrier) = (Arc::clone(index), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let mut batch = EventBatch::default();
+                barrier.wait();
+                // Round-robin over this thread's engines, one batch each, as a feed would.
+                let n = engines[0].1.len();
+                for i in 0..n {
+                    for (e, payloads) in &engines {
+                        decode_batch_into(&payloads[i], &mut batch).expect("decode");
+                        index.apply(EngineSlot(*e), MODEL, BS as u32, &batch.events);
+                    }
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for h in handles {
+        h.join().expect("ingest thread");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let blocks = threads * INGEST_BLOCKS;
+    println!(
+        "  {threads} thread(s), {} engines each, 16 blocks/event: {:>10.0} blocks/s in all ({:.0} per thread)",
+        ENGINES_PER_THREAD,
+        blocks as f64 / secs,
+        blocks as f64 / secs / threads as f64
+    );
+}
+
 fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("ENGINES BLOCKS_PER_ENGINE")).collect();
+    let engines = *args.first().unwrap_or(&64) as u32;
+    let blocks_per_engine = (*args.get(1).unwrap_or(&50_000)).max(SHARED);
+    let only = std::env::var("KVROUTE_BENCH_ONLY").unwrap_or_else(|_| "lookup,ingest,parallel".into());
+    let run = |section: &str| only.split(',').any(|s| s.trim() == section);
+    let threads: Vec<usize> = std::env::var("KVROUTE_BENCH_THREADS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+
     let mut rng = Rng(42);
     let shared = rng.tokens(SHARED * BS);
     let before = LIVE.load(Relaxed);
     let index = Arc::new(MemoryIndex::new());
-    let t = Instant::now();
-    for e in 0..ENGINES {
-        load_engine(&index, e, &shared, &mut rng);
+    let mut load_secs = 0.0;
+    for e in 0..engines {
+        // Generated outside the clock and freed before the next engine: only the index stays.
+        let batches = engine_batches(e, blocks_per_engine, &shared, &mut rng);
+        let t = Instant::now();
+        index.apply(EngineSlot(e), MODEL, BS as u32, &batches[..1]);
+        for b in &batches[1..] {
+            index.apply(EngineSlot(e), MODEL, BS as u32, std::slice::from_ref(b));
+        }
+        load_secs += t.elapsed().as_secs_f64();
     }
     let bytes = LIVE.load(Relaxed) - before;
-    let pairs = ENGINES as usize * BLOCKS_PER_ENGINE;
-    println!("fleet: {ENGINES} engines x {BLOCKS_PER_ENGINE} blocks, block size {BS}, built in {:.1} s", t.elapsed().as_secs_f64());
-    println!("memory: {:.1} MiB for {pairs} (block, engine) pairs = {:.1} B/pair  ({} distinct keys)",
-        bytes as f64 / (1 << 20) as f64, bytes as f64 / pairs as f64, index.distinct_keys());
+    let pairs = engines as usize * blocks_per_engine;
+    println!(
+        "fleet: {engines} engines x {blocks_per_engine} blocks, block size {BS}, loaded in {load_secs:.1} s ({:.0} blocks/s, apply only, one thread)",
+        pairs as f64 / load_secs
+    );
+    println!(
+        "memory: {:.1} MiB for {pairs} (block, engine) pairs = {:.1} B/pair  ({} distinct keys)",
+        bytes as f64 / (1 << 20) as f64,
+        bytes as f64 / pairs as f64,
+        index.distinct_keys()
+    );
 
     let root = KeyRoot::new(MODEL, "");
     let shared_keys = token_block_keys(&root, &shared, BS);
@@ -173,38 +289,55 @@ fn main() {
         t.extend(rng.tokens(24 * BS));
         token_block_keys(&root, &t, BS)
     };
+    let all = format!("all {engines} engines hold all");
+    if run("lookup") {
+        bench_lookups(&index, engines, &all, &shared_keys, &tail_engine_keys);
+    }
+    if run("ingest") {
+        println!("ingestion (msgpack batches -> decode -> apply, into the loaded fleet):");
+        bench_ingest(&index, engines + 2, 1, &mut rng);
+        bench_ingest(&index, engines + 3, 16, &mut rng);
+        bench_ingest(&index, engines + 4, 64, &mut rng);
+        bench_ingest_parts(&index, engines + 5, &mut rng);
+    }
+    if run("parallel") {
+        println!("parallel ingestion (each thread its own engines):");
+        let mut next = engines + 16;
+        for &t in &threads {
+            bench_parallel_ingest(&index, next, t, &mut rng);
+            next += 64;
+        }
+    }
+}
+
+fn bench_lookups(index: &Arc<MemoryIndex>, engines: u32, all: &str, shared_keys: &[BlockKey], tail_engine_keys: &[BlockKey]) {
     println!("match_prefix:");
-    bench_lookup(&index, "32 blocks, all 64 engines hold all", &shared_keys[..32], 200_000);
-    bench_lookup(&index, "512 blocks, all 64 engines hold all (worst)", &shared_keys, 20_000);
-    bench_lookup(&index, "32 blocks, 64 engines diverge after 8", &tail_engine_keys, 200_000);
-    bench_lookup(&index, "miss (first key unknown)", &[BlockKey(12345)], 200_000);
+    bench_lookup(index, &format!("32 blocks, {all}"), &shared_keys[..32], 200_000);
+    bench_lookup(index, &format!("512 blocks, {all} (worst)"), shared_keys, 20_000);
+    bench_lookup(index, &format!("32 blocks, {engines} engines diverge after 8"), tail_engine_keys, 200_000);
+    bench_lookup(index, "miss (first key unknown)", &[BlockKey(12345)], 200_000);
 
     // The same lookups while one thread ingests into another engine (2-core machine).
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
-        let (index, stop) = (Arc::clone(&index), Arc::clone(&stop));
+        let (index, stop) = (Arc::clone(index), Arc::clone(&stop));
         std::thread::spawn(move || {
             let mut rng = Rng(7);
-            let payloads = encoded_batches(16_000, 16, &mut rng);
+            let payloads = encoded_batches(16_000, 16, 1, &mut rng);
             let mut batch = EventBatch::default();
             while !stop.load(Relaxed) {
                 for p in &payloads {
                     if decode_batch_into(p, &mut batch).is_ok() {
-                        index.apply(EngineSlot(ENGINES + 1), MODEL, BS as u32, &batch.events);
+                        index.apply(EngineSlot(engines + 1), MODEL, BS as u32, &batch.events);
                     }
                 }
-                index.clear_engine(EngineSlot(ENGINES + 1));
+                index.clear_engine(EngineSlot(engines + 1));
             }
         })
     };
     println!("match_prefix with a concurrent writer thread:");
-    bench_lookup(&index, "512 blocks, all 64 engines hold all (worst)", &shared_keys, 20_000);
-    bench_lookup(&index, "32 blocks, all 64 engines hold all", &shared_keys[..32], 100_000);
+    bench_lookup(index, &format!("512 blocks, {all} (worst)"), shared_keys, 20_000);
+    bench_lookup(index, &format!("32 blocks, {all}"), &shared_keys[..32], 100_000);
     stop.store(true, Relaxed);
     let _ = writer.join();
-
-    println!("ingestion (msgpack batches -> decode -> apply, into the loaded fleet):");
-    bench_ingest(&index, ENGINES + 2, 1, &mut rng);
-    bench_ingest(&index, ENGINES + 3, 16, &mut rng);
-    bench_ingest(&index, ENGINES + 4, 64, &mut rng);
 }

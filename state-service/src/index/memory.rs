@@ -1,14 +1,20 @@
 //! The embedded in-memory [`KvIndex`]: microsecond prefix lookups for picks.
 //!
-//! Two structures:
-//! - per engine, `EngineHash -> (BlockKey, tiers)`: vLLM's `BlockRemoved` names blocks by
-//!   engine hash only, and a `BlockStored` names its parent by engine hash, so this map turns
-//!   vLLM's hashes into kvroute keys. A block may sit in several tiers (GPU, CPU, storage) at
+//! Two structures, each a dense array plus a 4-byte-a-bucket hash index over it (see
+//! `table.rs`), so a (block, engine) pair held by one engine costs ~36 bytes where a
+//! `HashMap` of keys and one of hashes cost 55:
+//! - global, in 64 shards by key hash, each behind its own `RwLock` (`holders.rs`): block
+//!   keys interned to slot numbers, and per slot the engines holding the key (the only
+//!   holder inline; several as a sorted list, or as a bitmask over engine slots once that is
+//!   smaller). A slot's number is stable while any engine holds the key.
+//! - per engine, behind its own mutex (`blocks.rs`): `EngineHash -> (global slot, tiers)`,
+//!   12 bytes an entry. vLLM's `BlockRemoved` names blocks by engine hash only, and a
+//!   `BlockStored` names its parent by engine hash, so this map turns vLLM's hashes into
+//!   kvroute keys (the slot's key). A block may sit in several tiers (GPU, CPU, storage) at
 //!   once; it stays indexed while any tier holds it.
-//! - global, sharded: `BlockKey -> engines holding it` (see `holders.rs` for the layout).
 //!
 //! Cost: a store or remove is O(1) per block (one engine-map and one shard operation); a
-//! lookup is O(keys walked x slot words), stopping at the first key no candidate holds;
+//! lookup is O(keys walked x mask words), stopping at the first key no candidate holds;
 //! `clear_engine` is O(blocks of that engine).
 //!
 //! Key roots. An engine's chains start at `KeyRoot::new(lora_name.unwrap_or(model),
@@ -24,35 +30,50 @@
 //! of the configured size get keys (vLLM may also report one partial block).
 //!
 //! Concurrency: a writer (one ingest thread per engine) takes its engine's mutex, then one
-//! shard write lock per block; a pick takes only shard read locks, one per key it walks.
-//! Lock order is always engine -> shard, so there is no deadlock, and a pick never waits for
-//! a whole batch. A pick may see a batch half applied, which is harmless for routing.
+//! shard lock at a time: the write lock of the key's shard per block stored or removed, a
+//! read lock to read a parent's key. Writers of different engines share nothing but the
+//! shard a block falls in, so ingestion spreads over the cores; they never hold two shard
+//! locks, nor wait for anything while holding one. A pick takes shard read locks only, each
+//! shard at most once however many of its keys the pick walks (a 512-key walk takes at most
+//! 64 locks, not 512), keeping them until the walk ends; a pick's second and later locks are
+//! taken recursively (they do not queue behind a waiting writer, which could otherwise
+//! deadlock two picks and two writers), and it takes engine locks only after releasing
+//! them. A pick never waits for a whole batch; it may see a batch half applied, which is
+//! harmless for routing.
+//!
+//! Capacity: 8.4M distinct keys a shard (537M in all) and 67M blocks an engine; a block past
+//! either is not indexed and counts as `rejected_bad_block`.
 
+mod blocks;
 mod holders;
 pub mod snapshot;
+mod table;
 
 use super::{ApplyStats, KvIndex, PrefixMatch};
-use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
 use crate::hasher::SeededState;
-use holders::Shard;
+use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
+use blocks::Blocks;
+use holders::{Holders, Shard, SLOT_BITS};
 use kvroute_core::keys::{extend_token_keys, KeyRoot};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use table::prefetch;
 use std::sync::Arc;
 
-const SHARDS: usize = 64;
+const SHARD_BITS: u32 = 6;
+const SHARDS: usize = 1 << SHARD_BITS;
 
-#[derive(Clone, Copy)]
-struct Entry {
-    key: BlockKey,
-    /// Bit per [`Tier`] holding this block.
-    tiers: u8,
-}
+/// A key's global slot: shard (6 bits) and slot within it (23 bits).
+type GlobalSlot = u32;
 
-const GPU: u8 = 1;
+/// An engine map's value: `GlobalSlot << 3 | tier bits`.
+const TIER_BITS: u32 = 3;
+const TIER_MASK: u32 = (1 << TIER_BITS) - 1;
+const GPU: u32 = 1;
 
-fn tier_bit(t: Tier) -> u8 {
+fn tier_bit(t: Tier) -> u32 {
     match t {
         Tier::Gpu => GPU,
         Tier::Cpu => 2,
@@ -60,13 +81,21 @@ fn tier_bit(t: Tier) -> u8 {
     }
 }
 
-#[derive(Default)]
+fn gslot(block: u32) -> GlobalSlot {
+    block >> TIER_BITS
+}
+
+fn split(g: GlobalSlot) -> (usize, u32) {
+    ((g >> SLOT_BITS) as usize, g & ((1 << SLOT_BITS) - 1))
+}
+
 struct EngineMap {
-    blocks: HashMap<EngineHash, Entry, SeededState>,
+    blocks: Blocks,
     /// Keys this engine reaches through more than one of its hashes (vLLM hashes extra keys,
-    /// such as multimodal inputs or the LoRA path, that kvroute keys do not): references
-    /// beyond the first. The engine holds a key while any reference remains. Usually empty.
-    extra_refs: HashMap<BlockKey, u32, SeededState>,
+    /// such as multimodal inputs or the LoRA path, that kvroute keys do not), by global slot:
+    /// references beyond the first. The engine holds a key while any reference remains.
+    /// Usually empty.
+    extra_refs: HashMap<GlobalSlot, u32, SeededState>,
     /// Keys off the GPU: per key, how many of this engine's hashes for it lack the GPU tier
     /// (offloaded to CPU / storage only). A key is GPU-resident unless every hash reaching it
     /// is counted here. Empty without an offloading tier, so lookups skip it.
@@ -76,19 +105,8 @@ struct EngineMap {
 }
 
 impl EngineMap {
-    fn on_gpu(&self, key: &BlockKey) -> bool {
-        let cold = self.cold.get(key).copied().unwrap_or(0);
-        cold == 0 || cold < 1 + self.extra_refs.get(key).copied().unwrap_or(0)
-    }
-
-    /// Leading keys of `keys[..matched]` on the GPU.
-    fn gpu_prefix(&self, keys: &[BlockKey], matched: usize) -> usize {
-        let held = keys.get(..matched).unwrap_or(keys);
-        if self.cold.is_empty() {
-            return held.len();
-        }
-        // Stops at the first key off the GPU: at most the GPU prefix plus one lookup.
-        held.iter().take_while(|k| self.on_gpu(k)).count()
+    fn new(hasher: &SeededState) -> Self {
+        EngineMap { blocks: Blocks::new(hasher.clone()), extra_refs: HashMap::default(), cold: HashMap::default(), keys: Vec::new() }
     }
 
     fn cool(&mut self, key: BlockKey) {
@@ -105,13 +123,39 @@ impl EngineMap {
     }
 }
 
+/// One shard and where its index's buckets are, for writers to prefetch without the lock.
+#[repr(align(64))]
+struct ShardCell {
+    lock: RwLock<Shard>,
+    /// [`Shard::raw_parts`] as of the last growth (written under the write lock).
+    buckets: AtomicUsize,
+    len: AtomicUsize,
+}
+
+impl ShardCell {
+    fn read(&self) -> RwLockReadGuard<'_, Shard> {
+        self.lock.read()
+    }
+
+    /// Starts fetching the bucket a probe for a key with mixed hash `h` reads first.
+    #[inline]
+    fn prefetch(&self, h: u64) {
+        let parts = (self.buckets.load(Ordering::Relaxed), self.len.load(Ordering::Relaxed));
+        if parts.1 > 0 {
+            prefetch(Shard::home_addr(parts, h, SHARD_BITS));
+        }
+    }
+}
+
 /// See the module docs.
 pub struct MemoryIndex {
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[ShardCell]>,
     engines: RwLock<HashMap<EngineSlot, Arc<Mutex<EngineMap>>>>,
     /// Engines with keys off the GPU. Zero (no offloading tier anywhere): lookups never take
     /// an engine lock to split tiers.
     cold_engines: AtomicUsize,
+    /// Seeds every table's hash (keys and engine hashes may be chosen by clients).
+    hasher: SeededState,
 }
 
 impl Default for MemoryIndex {
@@ -123,9 +167,12 @@ impl Default for MemoryIndex {
 impl MemoryIndex {
     pub fn new() -> Self {
         MemoryIndex {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| ShardCell { lock: RwLock::new(Shard::new()), buckets: AtomicUsize::new(0), len: AtomicUsize::new(0) })
+                .collect(),
             engines: RwLock::new(HashMap::new()),
             cold_engines: AtomicUsize::new(0),
+            hasher: SeededState::default(),
         }
     }
 
@@ -134,19 +181,64 @@ impl MemoryIndex {
         self.shards.iter().map(|s| s.read().len()).sum()
     }
 
-    fn shard(&self, key: BlockKey) -> &RwLock<Shard> {
-        // Keys are uniform hashes: the top bits pick the shard, the map uses its own hasher.
-        &self.shards[(key.0 >> 58) as usize % SHARDS]
+    #[inline]
+    fn mix(&self, key: u64) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a key whose mixed hash is `h`: its top bits (the shard's table uses the
+    /// rest).
+    #[inline]
+    fn shard_of(h: u64) -> usize {
+        (h >> (64 - SHARD_BITS)) as usize
     }
 
     fn engine(&self, engine: EngineSlot) -> Arc<Mutex<EngineMap>> {
         if let Some(e) = self.engines.read().get(&engine) {
             return Arc::clone(e);
         }
-        Arc::clone(self.engines.write().entry(engine).or_default())
+        Arc::clone(self.engines.write().entry(engine).or_insert_with(|| Arc::new(Mutex::new(EngineMap::new(&self.hasher)))))
     }
 
-    fn store(&self, slot: EngineSlot, e: &mut EngineMap, ev: StoreArgs<'_>, stats: &mut ApplyStats) {
+    /// The key of a held block.
+    fn key_of(&self, block: u32) -> BlockKey {
+        let (s, slot) = split(gslot(block));
+        self.shards[s].read().key(slot)
+    }
+
+    /// One more of `engine`'s hashes maps to `key`: its global slot, None if the shard is full.
+    fn hold(&self, engine: EngineSlot, extra_refs: &mut HashMap<GlobalSlot, u32, SeededState>, key: BlockKey) -> Option<GlobalSlot> {
+        let h = self.mix(key.0);
+        let s = Self::shard_of(h);
+        let cell = &self.shards[s];
+        let mut shard = cell.lock.write();
+        let (slot, newly) = shard.add(key, h, engine.0, SHARD_BITS, |k| self.mix(k))?;
+        let (buckets, len) = shard.raw_parts();
+        if cell.buckets.load(Ordering::Relaxed) != buckets || cell.len.load(Ordering::Relaxed) != len {
+            cell.buckets.store(buckets, Ordering::Relaxed);
+            cell.len.store(len, Ordering::Relaxed);
+        }
+        drop(shard);
+        let g = (s as u32) << SLOT_BITS | slot;
+        if !newly {
+            *extra_refs.entry(g).or_insert(0) += 1;
+        }
+        Some(g)
+    }
+
+    /// One fewer of `engine`'s hashes maps to the key in `g`; the last one releases it.
+    fn unhold(&self, engine: EngineSlot, extra_refs: &mut HashMap<GlobalSlot, u32, SeededState>, g: GlobalSlot) {
+        match extra_refs.get_mut(&g) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => drop(extra_refs.remove(&g)),
+            None => {
+                let (s, slot) = split(g);
+                self.shards[s].lock.write().release(slot, engine.0, SHARD_BITS, |k| self.mix(k));
+            }
+        }
+    }
+
+    fn store(&self, engine: EngineSlot, e: &mut EngineMap, ev: StoreArgs<'_>, stats: &mut ApplyStats) {
         if ev.token_ids.is_empty() {
             return self.add_tier(e, ev.hashes, ev.tier, stats);
         }
@@ -157,8 +249,8 @@ impl MemoryIndex {
         }
         let parent_key = match ev.parent {
             None => KeyRoot::new(ev.lora_name.unwrap_or(ev.model), ev.cache_salt.unwrap_or("")).token_root(),
-            Some(p) => match e.blocks.get(&p) {
-                Some(entry) => entry.key,
+            Some(p) => match e.blocks.get(p) {
+                Some(pos) => self.key_of(e.blocks.block(pos)),
                 None => {
                     stats.rejected_unknown_parent += 1;
                     return;
@@ -171,20 +263,33 @@ impl MemoryIndex {
         keys.clear();
         extend_token_keys(parent_key, &ev.token_ids[..full * bs], bs, &mut keys);
         let bit = tier_bit(ev.tier);
+        // Every block's first reads requested at once: their cache misses overlap instead of
+        // one per block in turn (the shard locks below would each wait for the last).
         for (&hash, &key) in ev.hashes.iter().zip(&keys) {
-            stats.blocks_stored += 1;
-            match e.blocks.get_mut(&hash) {
-                Some(entry) => {
-                    let was_cold = entry.tiers & GPU == 0;
-                    entry.tiers |= bit;
-                    if was_cold && bit == GPU {
-                        let key = entry.key;
+            e.blocks.prefetch(hash);
+            let h = self.mix(key.0);
+            self.shards[Self::shard_of(h)].prefetch(h);
+        }
+        for (&hash, &key) in ev.hashes.iter().zip(&keys) {
+            match e.blocks.get_or_vacant(hash) {
+                Ok(pos) => {
+                    stats.blocks_stored += 1;
+                    let block = e.blocks.block(pos);
+                    if block & GPU == 0 && bit == GPU {
+                        let key = self.key_of(block);
                         e.warm(key);
                     }
+                    e.blocks.set_block(pos, block | bit);
                 }
-                None => {
-                    e.blocks.insert(hash, Entry { key, tiers: bit });
-                    self.hold(slot, &mut e.extra_refs, key);
+                Err(None) => stats.rejected_bad_block += 1,
+                Err(Some(vacant)) => {
+                    let Some(g) = self.hold(engine, &mut e.extra_refs, key) else {
+                        stats.rejected_bad_block += 1;
+                        continue;
+                    };
+                    stats.blocks_stored += 1;
+                    // `hold` left the engine's blocks untouched: the vacancy stands.
+                    e.blocks.fill(vacant, hash, g << TIER_BITS | bit);
                     if bit != GPU {
                         e.cool(key);
                     }
@@ -200,66 +305,97 @@ impl MemoryIndex {
     fn add_tier(&self, e: &mut EngineMap, hashes: &[EngineHash], tier: Tier, stats: &mut ApplyStats) {
         let bit = tier_bit(tier);
         for hash in hashes {
-            let Some(entry) = e.blocks.get_mut(hash) else {
+            let Some(pos) = e.blocks.get(*hash) else {
                 stats.rejected_unknown_hash += 1;
                 continue;
             };
             stats.blocks_stored += 1;
-            let was_cold = entry.tiers & GPU == 0;
-            entry.tiers |= bit;
-            if was_cold && bit == GPU {
-                let key = entry.key;
+            let block = e.blocks.block(pos);
+            if block & GPU == 0 && bit == GPU {
+                let key = self.key_of(block);
                 e.warm(key);
             }
+            e.blocks.set_block(pos, block | bit);
         }
     }
 
-    fn remove(&self, slot: EngineSlot, e: &mut EngineMap, hashes: &[EngineHash], tier: Tier, stats: &mut ApplyStats) {
+    fn remove(&self, engine: EngineSlot, e: &mut EngineMap, hashes: &[EngineHash], tier: Tier, stats: &mut ApplyStats) {
         let bit = tier_bit(tier);
         for hash in hashes {
-            let Some(entry) = e.blocks.get_mut(hash).filter(|x| x.tiers & bit != 0) else {
+            e.blocks.prefetch(*hash);
+        }
+        for hash in hashes {
+            let Some(pos) = e.blocks.get(*hash).filter(|&p| e.blocks.block(p) & bit != 0) else {
                 stats.rejected_unknown_hash += 1;
                 continue;
             };
             stats.blocks_removed += 1;
-            let was_cold = entry.tiers & GPU == 0;
-            entry.tiers &= !bit;
-            let (key, left) = (entry.key, entry.tiers);
+            let block = e.blocks.block(pos);
+            let was_cold = block & GPU == 0;
+            let left = block & TIER_MASK & !bit;
             if left == 0 {
-                e.blocks.remove(hash);
+                e.blocks.remove(pos);
                 if was_cold {
+                    // Before the release: the slot (and so the key) may go with it.
+                    let key = self.key_of(block);
                     e.warm(key);
                 }
-                self.unhold(slot, &mut e.extra_refs, key);
-            } else if bit == GPU {
-                e.cool(key);
+                self.unhold(engine, &mut e.extra_refs, gslot(block));
+            } else {
+                e.blocks.set_block(pos, block & !bit);
+                if bit == GPU {
+                    let key = self.key_of(block);
+                    e.cool(key);
+                }
             }
         }
     }
 
-    /// One more of `slot`'s hashes maps to `key`.
-    fn hold(&self, slot: EngineSlot, extra_refs: &mut HashMap<BlockKey, u32, SeededState>, key: BlockKey) {
-        if !self.shard(key).write().add(key, slot.0) {
-            *extra_refs.entry(key).or_insert(0) += 1;
-        }
-    }
-
-    /// One fewer of `slot`'s hashes maps to `key`; the last one releases it.
-    fn unhold(&self, slot: EngineSlot, extra_refs: &mut HashMap<BlockKey, u32, SeededState>, key: BlockKey) {
-        match extra_refs.get_mut(&key) {
-            Some(n) if *n > 1 => *n -= 1,
-            Some(_) => drop(extra_refs.remove(&key)),
-            None => self.shard(key).write().release(key, slot.0),
-        }
-    }
-
-    fn clear_locked(&self, slot: EngineSlot, e: &mut EngineMap) {
+    fn clear_locked(&self, engine: EngineSlot, e: &mut EngineMap) {
         e.extra_refs = HashMap::default();
         e.cold = HashMap::default();
-        // Releasing a key twice is a no-op, so duplicate references need no bookkeeping here.
-        for entry in std::mem::take(&mut e.blocks).into_values() {
-            self.shard(entry.key).write().release(entry.key, slot.0);
+        let old = std::mem::replace(&mut e.blocks, Blocks::new(self.hasher.clone()));
+        // Each key once (several hashes may share one), grouped by shard: one lock per run of
+        // up to 64 releases, so a lookup waits for no more than that.
+        let mut held: Vec<GlobalSlot> = old.iter().map(|(_, b)| gslot(b)).collect();
+        drop(old);
+        held.sort_unstable();
+        held.dedup();
+        for run in held.chunk_by(|a, b| split(*a).0 == split(*b).0) {
+            for part in run.chunks(64) {
+                let mut shard = self.shards[split(part[0]).0].lock.write();
+                for &g in part {
+                    shard.release(split(g).1, engine.0, SHARD_BITS, |k| self.mix(k));
+                }
+            }
         }
+    }
+
+    /// Whether `e` holds `key` on its GPU (its lock held; no shard lock held).
+    fn on_gpu(&self, e: &EngineMap, key: &BlockKey) -> bool {
+        let cold = e.cold.get(key).copied().unwrap_or(0);
+        if cold == 0 {
+            return true;
+        }
+        if e.extra_refs.is_empty() {
+            return false;
+        }
+        // Several hashes reach some key: is this one of them?
+        let h = self.mix(key.0);
+        let s = Self::shard_of(h);
+        let slot = self.shards[s].read().find(*key, h, SHARD_BITS);
+        let extra = slot.and_then(|slot| e.extra_refs.get(&((s as u32) << SLOT_BITS | slot)).copied()).unwrap_or(0);
+        cold < 1 + extra
+    }
+
+    /// Leading keys of `keys[..matched]` that `e` holds on the GPU.
+    fn gpu_prefix(&self, e: &EngineMap, keys: &[BlockKey], matched: usize) -> usize {
+        let held = keys.get(..matched).unwrap_or(keys);
+        if e.cold.is_empty() {
+            return held.len();
+        }
+        // Stops at the first key off the GPU: at most the GPU prefix plus one lookup.
+        held.iter().take_while(|k| self.on_gpu(e, k)).count()
     }
 }
 
@@ -275,6 +411,12 @@ struct StoreArgs<'a> {
     cache_salt: Option<&'a str>,
     tier: Tier,
 }
+
+/// Engines still matching during a walk, as a bitset over engine slots (the registry numbers
+/// them densely): on the stack up to 1,024 engines.
+const STACK_WORDS: usize = 16;
+/// Keys a lookup probes together (see `match_prefix`).
+const BATCH: usize = 16;
 
 impl KvIndex for MemoryIndex {
     fn apply(&self, engine: EngineSlot, model: &str, block_size: u32, events: &[KvEvent]) -> ApplyStats {
@@ -321,27 +463,31 @@ impl KvIndex for MemoryIndex {
 
     fn match_prefix(&self, keys: &[BlockKey]) -> Vec<PrefixMatch> {
         let Some(&first) = keys.first() else { return Vec::new() };
-        let mut slots: Vec<u32> = Vec::new();
-        self.shard(first).read().for_each_holder(first, |s| slots.push(s));
-        let Some(&max) = slots.iter().max() else { return Vec::new() };
-        // Engines still matching, as a bitset over slots (the registry numbers them densely).
-        let words = max as usize / 64 + 1;
-        let mut active = vec![0u64; words];
-        for &s in &slots {
-            active[s as usize / 64] |= 1 << (s % 64);
+        let h = self.mix(first.0);
+        let s = Self::shard_of(h);
+        let shard = self.shards[s].read();
+        let Some(word) = shard.find_holders(first, h, SHARD_BITS) else { return Vec::new() };
+        let holders = shard.view(word);
+        let words = holders.max() as usize / 64 + 1;
+        let mut walk = Walk { index: self, keys, guards: [const { None }; SHARDS], out: Vec::with_capacity(holders.count()) };
+        if words == 1 {
+            let active = shard.word0(word);
+            walk.guards[s] = Some(shard);
+            walk.one_word(active);
+        } else {
+            let (mut stack, mut heap) = ([0u64; STACK_WORDS], Vec::new());
+            let active: &mut [u64] = if words <= STACK_WORDS {
+                &mut stack[..words]
+            } else {
+                heap.resize(words, 0);
+                &mut heap
+            };
+            let alive = retain(active, Some(holders), true, |_| {});
+            walk.guards[s] = Some(shard);
+            walk.words(active, alive);
         }
-        let mut alive = slots.len();
-        let mut out = Vec::with_capacity(alive);
-        let mut next = vec![0u64; words];
-        for (i, &key) in keys.iter().enumerate().skip(1) {
-            next.iter_mut().for_each(|w| *w = 0);
-            self.shard(key).read().holders_into(key, &mut next);
-            alive -= drain_bits(&mut active, &next, |slot| out.push(matched(slot, i)));
-            if alive == 0 {
-                return self.split_tiers(keys, out);
-            }
-        }
-        drain_bits(&mut active, &vec![0; words], |slot| out.push(matched(slot, keys.len())));
+        let Walk { guards, out, .. } = walk;
+        drop(guards);
         self.split_tiers(keys, out)
     }
 
@@ -349,6 +495,151 @@ impl KvIndex for MemoryIndex {
         let handle = self.engines.read().get(&engine).cloned();
         handle.map_or(0, |h| h.lock().blocks.len())
     }
+}
+
+/// One prefix walk: the shard read locks it holds, and the matches so far.
+///
+/// Keys go in batches: lock the batch's new shards, probe every key, then intersect. A
+/// probe's reads do not depend on the previous key's, so a batch's cache misses overlap; the
+/// lock operations, which wait for every read before them, come first.
+struct Walk<'a> {
+    index: &'a MemoryIndex,
+    keys: &'a [BlockKey],
+    guards: [Option<RwLockReadGuard<'a, Shard>>; SHARDS],
+    out: Vec<PrefixMatch>,
+}
+
+/// No such key, in a batch's holders words.
+const MISSING: u32 = u32::MAX;
+
+impl Walk<'_> {
+    /// Locks (if new) and probes `batch`: each key's shard and holders word, or MISSING.
+    #[inline]
+    fn probe(&mut self, batch: &[BlockKey], shards: &mut [u8; BATCH], found: &mut [u32; BATCH]) {
+        let mut hashes = [0u64; BATCH];
+        for ((h, s), key) in hashes.iter_mut().zip(shards.iter_mut()).zip(batch) {
+            *h = self.index.mix(key.0);
+            *s = MemoryIndex::shard_of(*h) as u8;
+            if self.guards[*s as usize].is_none() {
+                // Recursive: this pick already holds a shard (see the module docs).
+                self.guards[*s as usize] = Some(self.index.shards[*s as usize].lock.read_recursive());
+            }
+        }
+        for (((f, key), h), s) in found.iter_mut().zip(batch).zip(&hashes).zip(shards.iter()) {
+            let shard = self.guards[*s as usize].as_deref();
+            *f = shard.and_then(|g| g.find_holders(*key, *h, SHARD_BITS)).unwrap_or(MISSING);
+        }
+    }
+
+    /// The walk when every candidate's slot is below 64: `active` is one word.
+    fn one_word(&mut self, mut active: u64) {
+        let (mut shards, mut found) = ([0u8; BATCH], [MISSING; BATCH]);
+        let mut at = 1;
+        for batch in self.keys[1..].chunks(BATCH) {
+            self.probe(batch, &mut shards, &mut found);
+            for (j, (&f, &s)) in found[..batch.len()].iter().zip(&shards).enumerate() {
+                let keep = match (f, self.guards[s as usize].as_deref()) {
+                    (MISSING, _) | (_, None) => 0,
+                    (f, Some(g)) => g.word0(f),
+                };
+                let mut gone = active & !keep;
+                if gone == 0 {
+                    continue;
+                }
+                active &= keep;
+                while gone != 0 {
+                    self.out.push(matched(gone.trailing_zeros(), at + j));
+                    gone &= gone - 1;
+                }
+                if active == 0 {
+                    return;
+                }
+            }
+            at += batch.len();
+        }
+        while active != 0 {
+            self.out.push(matched(active.trailing_zeros(), self.keys.len()));
+            active &= active - 1;
+        }
+    }
+
+    /// The walk over any number of mask words.
+    fn words(&mut self, active: &mut [u64], mut alive: usize) {
+        let (mut shards, mut found) = ([0u8; BATCH], [MISSING; BATCH]);
+        let mut at = 1;
+        for batch in self.keys[1..].chunks(BATCH) {
+            self.probe(batch, &mut shards, &mut found);
+            for (j, (&f, &s)) in found[..batch.len()].iter().zip(&shards).enumerate() {
+                let holders = self.guards[s as usize].as_deref().filter(|_| f != MISSING).map(|g| g.view(f));
+                let out = &mut self.out;
+                alive -= retain(active, holders, false, |slot| out.push(matched(slot, at + j)));
+                if alive == 0 {
+                    return;
+                }
+            }
+            at += batch.len();
+        }
+        let n = self.keys.len();
+        retain(active, None, false, |slot| self.out.push(matched(slot, n)));
+    }
+}
+
+/// `active &= holders` (`init`: `active = holders`), calling `dropped` for every engine that
+/// was active and is not kept; returns how many were dropped (`init`: how many are active).
+#[inline]
+fn retain(active: &mut [u64], holders: Option<Holders<'_>>, init: bool, dropped: impl FnMut(u32)) -> usize {
+    match holders {
+        None => retain_words(active, init, dropped, |_| 0),
+        Some(Holders::One(s)) => {
+            let (at, bit) = (s as usize / 64, 1u64 << (s % 64));
+            retain_words(active, init, dropped, |w| if w == at { bit } else { 0 })
+        }
+        Some(Holders::Mask(m)) => {
+            // Most keys of a shared prefix drop nobody: check that first, branch-free.
+            let n = active.len().min(m.len());
+            let gone = active[..n].iter().zip(&m[..n]).fold(0, |g, (a, k)| g | (a & !k));
+            if !init && gone | active[n..].iter().fold(0, |g, a| g | a) == 0 {
+                return 0;
+            }
+            retain_words(active, init, dropped, |w| m.get(w).copied().unwrap_or(0))
+        }
+        Some(Holders::List(l)) => {
+            let (mut stack, mut heap) = ([0u64; STACK_WORDS], Vec::new());
+            let bits: &mut [u64] = if active.len() <= STACK_WORDS {
+                &mut stack[..active.len()]
+            } else {
+                heap.resize(active.len(), 0);
+                &mut heap
+            };
+            for &s in l {
+                if let Some(b) = bits.get_mut(s as usize / 64) {
+                    *b |= 1 << (s % 64);
+                }
+            }
+            retain_words(active, init, dropped, |w| bits[w])
+        }
+    }
+}
+
+#[inline(always)]
+fn retain_words(active: &mut [u64], init: bool, mut dropped: impl FnMut(u32), word: impl Fn(usize) -> u64) -> usize {
+    let mut n = 0;
+    for (w, a) in active.iter_mut().enumerate() {
+        let keep = word(w);
+        if init {
+            *a = keep;
+            n += keep.count_ones() as usize;
+            continue;
+        }
+        let mut gone = *a & !keep;
+        *a &= keep;
+        while gone != 0 {
+            dropped(w as u32 * 64 + gone.trailing_zeros());
+            gone &= gone - 1;
+            n += 1;
+        }
+    }
+    n
 }
 
 fn matched(slot: u32, n: usize) -> PrefixMatch {
@@ -365,7 +656,7 @@ impl MemoryIndex {
         let engines = self.engines.read();
         for m in &mut out {
             if let Some(e) = engines.get(&m.engine) {
-                m.gpu_blocks = e.lock().gpu_prefix(keys, m.matched_blocks as usize) as u32;
+                m.gpu_blocks = self.gpu_prefix(&e.lock(), keys, m.matched_blocks as usize) as u32;
             }
         }
         out
@@ -379,21 +670,14 @@ impl MemoryIndex {
             _ => {}
         }
     }
-}
 
-/// `active &= keep`, calling `dropped` for every slot that was active and is not kept.
-fn drain_bits(active: &mut [u64], keep: &[u64], mut dropped: impl FnMut(u32)) -> usize {
-    let mut n = 0;
-    for (w, (a, k)) in active.iter_mut().zip(keep).enumerate() {
-        let mut gone = *a & !k;
-        *a &= k;
-        while gone != 0 {
-            dropped(w as u32 * 64 + gone.trailing_zeros());
-            gone &= gone - 1;
-            n += 1;
-        }
+    /// Heap bytes of the tables, by part: (shards, engine maps). For the benchmark and tests;
+    /// takes every lock in turn.
+    pub fn heap_bytes(&self) -> (usize, usize) {
+        let shards = self.shards.iter().map(|s| s.read().heap_bytes()).sum();
+        let engines = self.engines.read().values().map(|e| e.lock().blocks.heap_bytes()).sum();
+        (shards, engines)
     }
-    n
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! events whose parent is a restored hash chain from that key exactly as if the replica had
 //! seen the original store.
 
-use super::{tier_bit, Entry, MemoryIndex, GPU};
+use super::{gslot, split, tier_bit, MemoryIndex, GPU, TIER_BITS, TIER_MASK};
 use crate::types::{BlockKey, EngineHash, EngineSlot, Tier};
 
 /// One block of an engine: its engine hash, kvroute key and tier bits (GPU 1, CPU 2,
@@ -22,7 +22,7 @@ pub const ALL_TIERS: u8 = 7;
 
 impl BlockEntry {
     pub fn holds(&self, tier: Tier) -> bool {
-        self.tiers & tier_bit(tier) != 0
+        u32::from(self.tiers) & tier_bit(tier) != 0
     }
 }
 
@@ -32,8 +32,16 @@ impl MemoryIndex {
         let handle = self.engines.read().get(&engine).cloned();
         let Some(handle) = handle else { return Vec::new() };
         let e = handle.lock();
-        let mut out: Vec<BlockEntry> =
-            e.blocks.iter().map(|(h, en)| BlockEntry { hash: *h, key: en.key, tiers: en.tiers }).collect();
+        // Keys read shard by shard: one read lock a shard, not one a block.
+        let mut blocks: Vec<(u32, EngineHash)> = e.blocks.iter().map(|(h, b)| (b, h)).collect();
+        blocks.sort_unstable_by_key(|(b, _)| split(gslot(*b)).0);
+        let mut out = Vec::with_capacity(blocks.len());
+        for run in blocks.chunk_by(|a, b| split(gslot(a.0)).0 == split(gslot(b.0)).0) {
+            let shard = self.shards[split(gslot(run[0].0)).0].read();
+            for &(b, hash) in run {
+                out.push(BlockEntry { hash, key: shard.key(split(gslot(b)).1), tiers: (b & TIER_MASK) as u8 });
+            }
+        }
         out.sort_unstable();
         out
     }
@@ -42,7 +50,8 @@ impl MemoryIndex {
     pub fn entry(&self, engine: EngineSlot, hash: EngineHash) -> Option<BlockEntry> {
         let handle = self.engines.read().get(&engine).cloned()?;
         let e = handle.lock();
-        e.blocks.get(&hash).map(|en| BlockEntry { hash, key: en.key, tiers: en.tiers })
+        let b = e.blocks.block(e.blocks.get(hash)?);
+        Some(BlockEntry { hash, key: self.key_of(b), tiers: (b & TIER_MASK) as u8 })
     }
 
     /// Replaces everything `engine` holds with `entries` (invalid tier bits are masked; an
@@ -53,12 +62,16 @@ impl MemoryIndex {
         let had_cold = !e.cold.is_empty();
         self.clear_locked(engine, &mut e);
         for b in entries {
-            let tiers = b.tiers & ALL_TIERS;
-            if tiers == 0 || e.blocks.contains_key(&b.hash) {
+            let tiers = u32::from(b.tiers & ALL_TIERS);
+            if tiers == 0 {
                 continue;
             }
-            e.blocks.insert(b.hash, Entry { key: b.key, tiers });
-            self.hold(engine, &mut e.extra_refs, b.key);
+            let vacant = match e.blocks.get_or_vacant(b.hash) {
+                Ok(_) | Err(None) => continue,
+                Err(Some(v)) => v,
+            };
+            let Some(g) = self.hold(engine, &mut e.extra_refs, b.key) else { continue };
+            e.blocks.fill(vacant, b.hash, g << TIER_BITS | tiers);
             if tiers & GPU == 0 {
                 e.cool(b.key);
             }
