@@ -60,6 +60,7 @@ pub struct RawConfig {
     pub allowed_targets: Vec<String>,
     pub state_token: Option<String>,
     pub state_token_env: Option<String>,
+    pub route_variable: Option<String>,
 }
 
 impl Default for RawConfig {
@@ -101,6 +102,7 @@ impl Default for RawConfig {
             allowed_targets: Vec::new(),
             state_token: None,
             state_token_env: None,
+            route_variable: None,
         }
     }
 }
@@ -194,6 +196,11 @@ pub struct Config {
     pub allowed_targets: Vec<String>,
     /// Sent as `authorization: Bearer ..` on pick and report calls, when set.
     pub state_token: Option<String>,
+    /// NGINX (ngx_wasm_module): the decision goes into this NGINX variable (`set $NAME "";` at
+    /// server level, read by `proxy_pass`) instead of a request header, so no client can forge
+    /// it even with the filter absent. Hosts that route on variables have no route cache:
+    /// `clear_route_cache` (an Envoy foreign function, a trap elsewhere) is never called then.
+    pub route_variable: Option<String>,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -221,6 +228,8 @@ pub enum ConfigError {
     WeakToken,
     #[error("`identity`: {0}")]
     Identity(String),
+    #[error("`route_variable`: `{0}` is not an NGINX variable name (letters, digits, `_`)")]
+    BadVariable(String),
 }
 
 impl Config {
@@ -271,6 +280,9 @@ impl Config {
             (None, RoutingMode::Cluster) => DEFAULT_CLUSTER_HEADER.into(),
         };
         let identity = crate::identity::Identity::validate(raw.identity, header_name)?;
+        if let Some(v) = raw.route_variable.as_deref().filter(|v| v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')) {
+            return Err(ConfigError::BadVariable(v.to_string()));
+        }
         let strip_headers =
             raw.strip_headers.iter().map(|h| header_name("strip_headers", h)).collect::<Result<Vec<_>, _>>()?;
         let trusted_sources = raw
@@ -320,6 +332,7 @@ impl Config {
             trusted_sources,
             allowed_targets: raw.allowed_targets,
             state_token,
+            route_variable: raw.route_variable,
         })
     }
 

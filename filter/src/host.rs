@@ -52,6 +52,10 @@ pub fn property(path: &[&str]) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+pub fn set_property(path: &[&str], value: &str) {
+    warn_on_err("set_property", hc::set_property(path.to_vec(), Some(value.as_bytes())));
+}
+
 /// Bytes `[start, start+len)` of a body buffer.
 pub fn buffer(kind: BufferType, start: usize, len: usize) -> Option<Bytes> {
     warn_on_err("get_buffer", hc::get_buffer(kind, start, len)).flatten()

@@ -169,9 +169,7 @@ impl HttpFilter {
         }
         let route =
             route_from_pick(&self.shared.config, &resp, self.meta.trusted).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
-        host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
-        host::clear_route_cache();
-        host::increment(self.shared.metrics.routed);
+        self.apply_route(&route);
         if route.assignment_id != 0 {
             let tail = self.shared.config.response_tail_bytes;
             let responses = self.api == Some(Api::Responses);
@@ -221,10 +219,25 @@ impl HttpFilter {
             return Ok(None);
         }
         let route = route_from_pick(&self.shared.config, &resp, false).map_err(|r| (r, String::new()))?;
-        host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
-        host::clear_route_cache();
-        host::increment(self.shared.metrics.routed);
+        self.apply_route(&route);
         Ok(None)
+    }
+
+    /// Writes the decision where the host routes on it: the route header (Envoy: then the
+    /// route is selected again), or the configured NGINX variable (the chosen target alone:
+    /// `proxy_pass` takes one).
+    fn apply_route(&self, route: &crate::decision::Route) {
+        match &self.shared.config.route_variable {
+            Some(var) => {
+                let target = route.value.split(',').next().unwrap_or_default();
+                host::set_property(&["ngx", var], target);
+            }
+            None => {
+                host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
+                host::clear_route_cache();
+            }
+        }
+        host::increment(self.shared.metrics.routed);
     }
 
     /// The state service may hold (or be about to record) an assignment for this request that
@@ -292,7 +305,7 @@ impl HttpContext for HttpFilter {
         for name in &forged {
             host::remove_header(MapType::HttpRequestHeaders, name);
         }
-        if !forged.is_empty() {
+        if !forged.is_empty() && c.route_variable.is_none() {
             // A route chosen while a forged header was present must not stand.
             host::clear_route_cache();
         }
@@ -330,6 +343,11 @@ impl HttpContext for HttpFilter {
             return Action::Continue;
         }
         self.phase = Phase::Buffering;
+        if c.route_variable.is_some() {
+            // NGINX: the host reads the whole body before on_request_body and proxy_pass reads
+            // the variable after it; held headers would wait for a body never read.
+            return Action::Continue;
+        }
         Action::Pause
     }
 
@@ -380,8 +398,13 @@ impl HttpContext for HttpFilter {
         }
         if let Some(t) = self.tracker.as_mut() {
             let status = host::header(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok());
-            let served_by = host::property(&["upstream", "address"]);
-            let details = host::property(&["response", "code_details"]);
+            // Envoy: `IP:port`; ngx_wasm_module: the IP, its port in `upstream.port`.
+            let served_by = host::property(&["upstream", "address"]).map(|a| match host::property(&["upstream", "port"]) {
+                Some(port) if !a.contains(':') => format!("{a}:{port}"),
+                _ => a,
+            });
+            // Envoy's; ngx_wasm_module logs an error for it on every response.
+            let details = if c.route_variable.is_none() { host::property(&["response", "code_details"]) } else { None };
             let upstream = upstream_failure(&self.address, served_by.as_deref(), status, details.as_deref());
             let reports = t.on_headers(status, end_of_stream, host::now_ms(), upstream);
             self.queue(reports);

@@ -15,6 +15,7 @@ pub mod envoy;
 pub mod fake;
 pub mod llm;
 pub mod net;
+pub mod nginx;
 pub mod paths;
 pub mod proc;
 pub mod redis;
