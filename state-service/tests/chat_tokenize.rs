@@ -10,7 +10,7 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use common::{config, TestIndex};
 use kvroute_core::keys::{text_chunk_keys, KeyRoot, DEFAULT_TEXT_CHUNK_BYTES};
-use kvroute_core::request::{parse, Api, Prompt};
+use kvroute_core::request::Api;
 use kvroute_core::wire::{Endpoint, PickRequest, PickResponse, TokenizationPath};
 use kvroute_state::api::app;
 use kvroute_state::config::{Config, ModelConfig};
@@ -54,19 +54,7 @@ fn chat_body() -> Value {
 
 /// The pick the filter sends for `body`: template input, text-chunk keys, prompt bytes.
 fn chat_pick(body: &Value) -> (PickRequest, String) {
-    let parsed = parse(Api::ChatCompletions, body.to_string().as_bytes()).expect("valid chat body");
-    let Prompt::Chat { template_input, canonical } = parsed.prompt else { panic!("not a chat prompt") };
-    let root = KeyRoot::new("m", "");
-    let pick = PickRequest {
-        model: "m".into(),
-        endpoint: Endpoint::ChatCompletions as i32,
-        block_size: 16,
-        chat_json: template_input.clone(),
-        text_chunk_keys: text_chunk_keys(&root, &canonical, DEFAULT_TEXT_CHUNK_BYTES).into_iter().map(|k| k.0).collect(),
-        prompt_bytes: canonical.len() as u32,
-        ..Default::default()
-    };
-    (pick, template_input)
+    common::filter_pick(Api::ChatCompletions, body)
 }
 
 /// Expected ids and keys of a chat template input (the reference tokenizer, uncached).

@@ -10,9 +10,8 @@ use axum::body::{to_bytes, Body};
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use common::{config, TestIndex};
-use kvroute_core::keys::{text_chunk_keys, KeyRoot, DEFAULT_TEXT_CHUNK_BYTES};
-use kvroute_core::request::{parse, Api, Prompt};
-use kvroute_core::wire::{Endpoint, PickRequest, PickResponse, TokenizationPath};
+use kvroute_core::request::Api;
+use kvroute_core::wire::{PickRequest, PickResponse, TokenizationPath};
 use kvroute_state::api::app;
 use kvroute_state::config::{Config, ModelConfig};
 use kvroute_state::state::AppState;
@@ -47,19 +46,7 @@ fn responses_body() -> Value {
 
 /// The pick the filter sends for a Responses body, and its template input.
 fn responses_pick(body: &Value) -> (PickRequest, String) {
-    let parsed = parse(Api::Responses, body.to_string().as_bytes()).expect("valid Responses body");
-    let Prompt::Chat { template_input, canonical } = parsed.prompt else { panic!("not a chat prompt") };
-    let root = KeyRoot::new("m", "");
-    let pick = PickRequest {
-        model: "m".into(),
-        endpoint: Endpoint::Responses as i32,
-        block_size: 16,
-        chat_json: template_input.clone(),
-        text_chunk_keys: text_chunk_keys(&root, &canonical, DEFAULT_TEXT_CHUNK_BYTES).into_iter().map(|k| k.0).collect(),
-        prompt_bytes: canonical.len() as u32,
-        ..Default::default()
-    };
-    (pick, template_input)
+    common::filter_pick(Api::Responses, body)
 }
 
 fn build(mut config: Config, tokenizer_dir: PathBuf) -> (Router, Arc<TestIndex>) {

@@ -60,3 +60,22 @@ pub fn state(workers: &[&str]) -> (AppState, Arc<TestIndex>) {
     let state = AppState::new(config(workers), index.clone()).expect("valid test config");
     (state, index)
 }
+
+/// The pick the filter sends for a chat-like `body` (chat completions, Responses) to `api`:
+/// its template input, text-chunk keys and prompt bytes; and the template input.
+pub fn filter_pick(api: kvroute_core::request::Api, body: &serde_json::Value) -> (kvroute_core::wire::PickRequest, String) {
+    use kvroute_core::keys::{text_chunk_keys, KeyRoot, DEFAULT_TEXT_CHUNK_BYTES};
+    let parsed = kvroute_core::request::parse(api, body.to_string().as_bytes()).expect("a valid body");
+    let kvroute_core::request::Prompt::Chat { template_input, canonical } = parsed.prompt else { panic!("not a chat prompt") };
+    let root = KeyRoot::new("m", "");
+    let pick = kvroute_core::wire::PickRequest {
+        model: "m".into(),
+        endpoint: api.wire() as i32,
+        block_size: 16,
+        chat_json: template_input.clone(),
+        text_chunk_keys: text_chunk_keys(&root, &canonical, DEFAULT_TEXT_CHUNK_BYTES).into_iter().map(|k| k.0).collect(),
+        prompt_bytes: canonical.len() as u32,
+        ..Default::default()
+    };
+    (pick, template_input)
+}
