@@ -61,6 +61,19 @@ pub struct RawConfig {
     pub state_token: Option<String>,
     pub state_token_env: Option<String>,
     pub route_variable: Option<String>,
+    pub stream_usage: StreamUsage,
+}
+
+/// Which streamed responses carry a usage event the filter must read.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamUsage {
+    /// The ones whose request asked for it (OpenAI `stream_options.include_usage`), and every
+    /// Anthropic and Responses stream: vLLM's default. Other streams are counted, not read.
+    #[default]
+    Requested,
+    /// Every stream (vLLM with `--enable-force-include-usage`).
+    Always,
 }
 
 impl Default for RawConfig {
@@ -103,6 +116,7 @@ impl Default for RawConfig {
             state_token: None,
             state_token_env: None,
             route_variable: None,
+            stream_usage: StreamUsage::Requested,
         }
     }
 }
@@ -201,6 +215,7 @@ pub struct Config {
     /// it even with the filter absent. Hosts that route on variables have no route cache:
     /// `clear_route_cache` (an Envoy foreign function, a trap elsewhere) is never called then.
     pub route_variable: Option<String>,
+    pub stream_usage: StreamUsage,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -333,6 +348,7 @@ impl Config {
             allowed_targets: raw.allowed_targets,
             state_token,
             route_variable: raw.route_variable,
+            stream_usage: raw.stream_usage,
         })
     }
 

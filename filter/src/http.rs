@@ -125,7 +125,7 @@ impl HttpFilter {
         };
         self.streaming = req.stream;
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
-        self.stream_usage = req.stream_usage;
+        self.stream_usage = req.stream_usage || c.stream_usage == crate::config::StreamUsage::Always;
         self.meta.assignment_id = self.shared.ids.next();
         let pick = build_pick(c, &req, &self.meta).encode_to_vec();
         let timeout = if self.previous_response_id.is_empty() { c.pick_timeout } else { c.affinity_timeout };

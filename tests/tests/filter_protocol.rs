@@ -84,7 +84,7 @@ async fn endpoint_mode_routes_to_the_pick_and_reports() -> Result<()> {
 async fn token_prompts_carry_exact_keys_and_streams_pass_byte_for_byte() -> Result<()> {
     let rig = rig(Mode::Endpoint, json!({})).await?;
     let tokens: Vec<u32> = (0..40).collect();
-    let body = json!({"model": "m", "prompt": tokens, "stream": true});
+    let body = json!({"model": "m", "prompt": tokens, "stream": true, "stream_options": {"include_usage": true}});
     let r = rig.client.post(rig.envoy.url("/v1/completions")).json(&body).send().await?;
     assert_eq!(header(&r, "x-sim-worker"), "B");
     assert_eq!(r.bytes().await?, stream_chunks("B").concat().as_bytes());
@@ -98,6 +98,20 @@ async fn token_prompts_carry_exact_keys_and_streams_pass_byte_for_byte() -> Resu
     .await?;
     let complete = reports.iter().find(|r| r.kind == ReportKind::ReportComplete as i32).unwrap();
     assert_eq!((complete.prompt_tokens, complete.completion_tokens), (21, 5));
+
+    // Without include_usage the stream is not read (vLLM sends no usage then): its chunks are
+    // counted; the bytes still pass unchanged.
+    let body = json!({"model": "m", "prompt": tokens, "stream": true});
+    let r = rig.client.post(rig.envoy.url("/v1/completions")).json(&body).send().await?;
+    assert_eq!(r.bytes().await?, stream_chunks("B").concat().as_bytes());
+    let reports = wait_for("second complete report", Duration::from_secs(10), || async {
+        let r = rig.state.reports();
+        (r.iter().filter(|r| r.kind == ReportKind::ReportComplete as i32).count() == 2).then_some(r)
+    })
+    .await?;
+    let second = reports.iter().filter(|r| r.kind == ReportKind::ReportComplete as i32).nth(1).unwrap();
+    assert_eq!(second.prompt_tokens, 0, "usage not read");
+    assert!(second.completion_tokens >= 1, "chunks counted: {second:?}");
     Ok(())
 }
 
