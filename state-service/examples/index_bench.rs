@@ -24,22 +24,30 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-/// Counts live heap bytes, so the index's footprint is measured, not estimated.
+/// Counts live heap bytes, so the index's footprint is measured, not estimated. Only while
+/// the fleet loads: one counter shared by every thread would serialise the parallel rows.
 struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(true);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Relaxed);
+        if COUNTING.load(Relaxed) {
+            LIVE.fetch_add(l.size(), Relaxed);
+        }
         System.alloc(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
+        if COUNTING.load(Relaxed) {
+            LIVE.fetch_sub(l.size(), Relaxed);
+        }
         System.dealloc(p, l)
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new, Relaxed);
-        LIVE.fetch_sub(l.size(), Relaxed);
+        if COUNTING.load(Relaxed) {
+            LIVE.fetch_add(new, Relaxed);
+            LIVE.fetch_sub(l.size(), Relaxed);
+        }
         System.realloc(p, l, new)
     }
 }
@@ -150,17 +158,24 @@ fn encoded_batches(total_blocks: usize, per_event: usize, stream: u64, rng: &mut
 
 const INGEST_BLOCKS: usize = 256_000;
 
+/// Blocks per second of wall time and per second of this thread's CPU time (see
+/// [`thread_times`]), for a row.
+fn rates(blocks: usize, start: Instant, cpu0: u64) -> String {
+    let (wall, cpu) = (start.elapsed().as_secs_f64(), (thread_times().0 - cpu0) as f64 / 1e9);
+    let per_cpu = if cpu > 0.0 { format!(", {:>9.0} per CPU-second", blocks as f64 / cpu) } else { String::new() };
+    format!("{:>9.0} blocks/s{per_cpu}", blocks as f64 / wall)
+}
+
 fn bench_ingest(index: &MemoryIndex, engine: u32, per_event: usize, rng: &mut Rng) {
     let payloads = encoded_batches(INGEST_BLOCKS, per_event, u64::from(engine), rng);
     let blocks = payloads.len() * per_event;
     let mut batch = EventBatch::default();
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), thread_times().0);
     for p in &payloads {
         decode_batch_into(p, &mut batch).expect("decode");
         index.apply(EngineSlot(engine), MODEL, BS as u32, &batch.events);
     }
-    let secs = start.elapsed().as_secs_f64();
-    println!("  {per_event:>3} blocks/event: {:>10.0} blocks/s  ({blocks} blocks, decode + apply, one thread)", blocks as f64 / secs);
+    println!("  {per_event:>3} blocks/event: {}  ({blocks} blocks, decode + apply, one thread)", rates(blocks, start, cpu0));
 }
 
 /// The 16-blocks/event row split: decoding alone, and applying already decoded batches.
@@ -168,12 +183,12 @@ fn bench_ingest_parts(index: &MemoryIndex, engine: u32, rng: &mut Rng) {
     let payloads = encoded_batches(INGEST_BLOCKS, 16, u64::from(engine), rng);
     let blocks = payloads.len() * 16;
     let mut batch = EventBatch::default();
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), thread_times().0);
     for p in &payloads {
         decode_batch_into(p, &mut batch).expect("decode");
         std::hint::black_box(&batch);
     }
-    let decode = start.elapsed().as_secs_f64();
+    println!("   16 blocks/event, decode alone: {}", rates(blocks, start, cpu0));
     let decoded: Vec<Vec<KvEvent>> = payloads
         .iter()
         .map(|p| {
@@ -181,16 +196,21 @@ fn bench_ingest_parts(index: &MemoryIndex, engine: u32, rng: &mut Rng) {
             batch.events.clone()
         })
         .collect();
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), thread_times().0);
     for events in &decoded {
         index.apply(EngineSlot(engine), MODEL, BS as u32, events);
     }
-    let apply = start.elapsed().as_secs_f64();
-    println!(
-        "   16 blocks/event: decode alone {:>10.0} blocks/s, apply alone {:>10.0} blocks/s",
-        blocks as f64 / decode,
-        blocks as f64 / apply
-    );
+    println!("   16 blocks/event, apply alone:  {}", rates(blocks, start, cpu0));
+}
+
+/// This thread's time on a CPU and waiting for one, in ns (Linux's schedstat; zeros
+/// elsewhere). On a shared machine wall-clock rates say little about scaling: blocks per
+/// second of CPU time do (a lock serialising the threads would show as spinning or sleeping,
+/// so fewer blocks per CPU-second, or as wall time beyond CPU time plus run-queue waits).
+fn thread_times() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut f = s.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+    (f.next().unwrap_or(0), f.next().unwrap_or(0))
 }
 
 /// `threads` threads, each decoding and applying its own engines' batches (16 blocks per
@@ -216,6 +236,7 @@ fn bench_parallel_ingest(index: &Arc<MemoryIndex>, first_engine: u32, threads: u
             std::thread::spawn(move || {
                 let mut batch = EventBatch::default();
                 barrier.wait();
+                let (cpu0, wait0) = thread_times();
                 // Round-robin over this thread's engines, one batch each, as a feed would.
                 let n = engines[0].1.len();
                 for i in 0..n {
@@ -224,22 +245,32 @@ fn bench_parallel_ingest(index: &Arc<MemoryIndex>, first_engine: u32, threads: u
                         index.apply(EngineSlot(*e), MODEL, BS as u32, &batch.events);
                     }
                 }
+                let (cpu1, wait1) = thread_times();
+                (cpu1 - cpu0, wait1 - wait0)
             })
         })
         .collect();
     barrier.wait();
     let start = Instant::now();
-    for h in handles {
-        h.join().expect("ingest thread");
-    }
+    let times: Vec<(u64, u64)> = handles.into_iter().map(|h| h.join().expect("ingest thread")).collect();
     let secs = start.elapsed().as_secs_f64();
     let blocks = threads * INGEST_BLOCKS;
-    println!(
-        "  {threads} thread(s), {} engines each, 16 blocks/event: {:>10.0} blocks/s in all ({:.0} per thread)",
-        ENGINES_PER_THREAD,
-        blocks as f64 / secs,
-        blocks as f64 / secs / threads as f64
+    let cpu: u64 = times.iter().map(|t| t.0).sum();
+    let wait: u64 = times.iter().map(|t| t.1).sum();
+    print!(
+        "  {threads} thread(s), {ENGINES_PER_THREAD} engines each, 16 blocks/event: {:>10.0} blocks/s wall in all",
+        blocks as f64 / secs
     );
+    if cpu > 0 {
+        println!(
+            ", {:>10.0} blocks per CPU-second (on CPU {:.0}% of the wall time per thread, waiting for a CPU {:.0}%)",
+            blocks as f64 / (cpu as f64 / 1e9),
+            cpu as f64 / 1e9 / secs / threads as f64 * 100.0,
+            wait as f64 / 1e9 / secs / threads as f64 * 100.0
+        );
+    } else {
+        println!();
+    }
 }
 
 fn main() {
@@ -269,6 +300,7 @@ fn main() {
         load_secs += t.elapsed().as_secs_f64();
     }
     let bytes = LIVE.load(Relaxed) - before;
+    COUNTING.store(false, Relaxed);
     let pairs = engines as usize * blocks_per_engine;
     println!(
         "fleet: {engines} engines x {blocks_per_engine} blocks, block size {BS}, loaded in {load_secs:.1} s ({:.0} blocks/s, apply only, one thread)",

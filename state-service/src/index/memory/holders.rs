@@ -190,6 +190,15 @@ impl Set {
         }
     }
 
+    /// The holders below 64, as one mask word.
+    fn low(&self) -> u64 {
+        match self {
+            Set::Word(w) => *w,
+            Set::Mask(m) => m.first().copied().unwrap_or(0),
+            Set::List(l) => l.iter().take_while(|&&s| s < 64).fold(0, |m, s| m | 1 << s),
+        }
+    }
+
     fn heap_bytes(&self) -> usize {
         match self {
             Set::Word(_) => 0,
@@ -205,6 +214,8 @@ pub(super) struct Shard {
     /// Head of the free-slot list.
     free: u32,
     sets: Vec<Set>,
+    /// Per set, its holders below 64 as one word: what a walk over at most 64 engines reads.
+    low: Vec<u64>,
     free_sets: Vec<u32>,
     len: usize,
 }
@@ -218,7 +229,7 @@ fn table_hash(h: u64, shard_bits: u32) -> u64 {
 
 impl Shard {
     pub(super) fn new() -> Self {
-        Shard { index: SlotIndex::default(), slots: Chunked::default(), free: NO_SLOT, sets: Vec::new(), free_sets: Vec::new(), len: 0 }
+        Shard { index: SlotIndex::default(), slots: Chunked::default(), free: NO_SLOT, sets: Vec::new(), low: Vec::new(), free_sets: Vec::new(), len: 0 }
     }
 
     /// Distinct keys held.
@@ -258,13 +269,16 @@ impl Shard {
     #[inline]
     pub(super) fn word0(&self, holders: u32) -> u64 {
         if holders < OVERFLOW {
-            return if holders < 64 { 1 << holders } else { 0 };
+            1u64.checked_shl(holders).unwrap_or(0)
+        } else {
+            self.low.get((holders - OVERFLOW) as usize).copied().unwrap_or(0)
         }
-        match &self.sets[(holders - OVERFLOW) as usize] {
-            Set::Word(w) => *w,
-            Set::Mask(m) => m.first().copied().unwrap_or(0),
-            Set::List(l) => l.iter().take_while(|&&s| s < 64).fold(0, |m, s| m | 1 << s),
-        }
+    }
+
+    /// [`word0`](Self::word0) of `key`'s holders (mixed hash `h`); 0 if nobody holds it.
+    #[inline]
+    pub(super) fn find_word0(&self, key: BlockKey, h: u64, shard_bits: u32) -> u64 {
+        self.find_holders(key, h, shard_bits).map_or(0, |w| self.word0(w))
     }
 
     pub(super) fn key(&self, slot: u32) -> BlockKey {
@@ -307,7 +321,10 @@ impl Shard {
     fn add_holder(&mut self, slot: u32, engine: u32) -> bool {
         let h = self.slots.get(slot).holders;
         if h >= OVERFLOW {
-            return self.sets[(h - OVERFLOW) as usize].add(engine);
+            let idx = (h - OVERFLOW) as usize;
+            let added = self.sets[idx].add(engine);
+            self.low[idx] = self.sets[idx].low();
+            return added;
         }
         if h == engine {
             return false;
@@ -336,6 +353,7 @@ impl Shard {
         let idx = (h - OVERFLOW) as usize;
         let set = &mut self.sets[idx];
         set.release(engine);
+        self.low[idx] = set.low();
         let view = set.view();
         let count = view.count();
         let only = (count == 1).then(|| view.max());
@@ -374,16 +392,20 @@ impl Shard {
     }
 
     fn alloc_set(&mut self, set: Set) -> u32 {
+        let low = set.low();
         if let Some(idx) = self.free_sets.pop() {
             self.sets[idx as usize] = set;
+            self.low[idx as usize] = low;
             return OVERFLOW + idx;
         }
         self.sets.push(set);
+        self.low.push(low);
         OVERFLOW + (self.sets.len() - 1) as u32
     }
 
     fn drop_set(&mut self, idx: u32) {
         self.sets[idx as usize] = Set::List(Vec::new());
+        self.low[idx as usize] = 0;
         self.free_sets.push(idx);
     }
 
@@ -406,6 +428,7 @@ impl Shard {
         self.index.capacity_bytes()
             + self.slots.capacity_bytes()
             + self.sets.capacity() * std::mem::size_of::<Set>()
+            + self.low.capacity() * 8
             + sets
             + self.free_sets.capacity() * 4
     }

@@ -5,8 +5,10 @@
 //!   hash as a tag beside each id so a probe rarely touches the dense array for a key that
 //!   is not there. Linear probing from a multiply-shift home bucket: any table size works,
 //!   so the table grows by 1.5x rather than 2x (53-80% full, never 40%). Probes never wrap:
-//!   [`PAD`] spare buckets follow the last home bucket, and a run that would overflow them
-//!   grows the table instead, so a probe is a plain forward scan. Deletion by backward shift
+//!   up to [`PAD`] spare buckets follow the last home bucket (as many as there are homes in
+//!   a small table, so its runs always fit), and a run that would overflow them grows the
+//!   table instead (at 80% full a run that long is a few in a million), so a probe is a
+//!   plain forward scan. Deletion by backward shift
 //!   (no tombstones). The owner supplies ids' hashes when the table needs them again
 //!   (growth, deletion).
 //! - [`Chunked`]: a dense array in fixed chunks of [`CHUNK`] entries, so a large table is
@@ -14,14 +16,20 @@
 
 const EMPTY: u32 = u32::MAX;
 
-/// Buckets past the last home bucket, where the runs of the last homes continue.
-const PAD: usize = 32;
+/// Buckets past the last home bucket, where the runs of the last homes continue (at most).
+const PAD: usize = 512;
+
+/// Spare buckets after `homes` home buckets.
+fn pad(homes: usize) -> usize {
+    homes.min(PAD)
+}
 
 /// A hash index over ids `0..=max_id()`; `ID_BITS` low bits of a bucket hold the id, the
 /// rest a tag from the hash.
 pub(super) struct IdTable<const ID_BITS: u32> {
-    /// `homes + PAD` buckets, or none.
+    /// `homes + pad(homes)` buckets, or none.
     buckets: Box<[u32]>,
+    homes: usize,
     len: usize,
 }
 
@@ -35,7 +43,7 @@ pub(super) struct Vacant {
 
 impl<const ID_BITS: u32> Default for IdTable<ID_BITS> {
     fn default() -> Self {
-        IdTable { buckets: Box::new([]), len: 0 }
+        IdTable { buckets: Box::new([]), homes: 0, len: 0 }
     }
 }
 
@@ -53,11 +61,6 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
         (h as u32) & !Self::ID_MASK
     }
 
-    /// Home buckets: the rest are padding.
-    #[inline]
-    fn homes(&self) -> usize {
-        self.buckets.len().saturating_sub(PAD)
-    }
 
     #[inline]
     fn home(h: u64, homes: usize) -> usize {
@@ -77,7 +80,7 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
     #[inline]
     pub(super) fn find(&self, h: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let tag = Self::tag(h);
-        for &b in self.buckets.get(Self::home(h, self.homes())..).unwrap_or_default() {
+        for &b in self.buckets.get(Self::home(h, self.homes)..).unwrap_or_default() {
             if b == EMPTY {
                 return None;
             }
@@ -99,12 +102,12 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
         mut eq: impl FnMut(u32) -> bool,
         all: impl Fn() -> I,
     ) -> Result<u32, Vacant> {
-        if (self.len + 1) * 5 > self.homes() * 4 {
+        if (self.len + 1) * 5 > self.homes * 4 {
             self.grow(&all);
         }
         let tag = Self::tag(h);
         loop {
-            let home = Self::home(h, self.homes());
+            let home = Self::home(h, self.homes);
             for (i, &b) in self.buckets.iter().enumerate().skip(home) {
                 if b == EMPTY {
                     return Err(Vacant { bucket: i, tag });
@@ -128,7 +131,7 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
 
     /// The bucket holding `id` (whose hash is `h`); it must be there.
     fn bucket_of(&self, h: u64, id: u32) -> usize {
-        let home = Self::home(h, self.homes());
+        let home = Self::home(h, self.homes);
         // An empty bucket's id bits are ID_MASK, never a stored id.
         let at = self.buckets[home..].iter().position(|&b| b & Self::ID_MASK == id);
         home + at.expect("the id is in the table")
@@ -142,7 +145,7 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
 
     /// Removes `id` (hash `h`), closing the gap by shifting later entries of the run back.
     pub(super) fn remove(&mut self, h: u64, id: u32, hash_of: impl Fn(u32) -> u64) {
-        let homes = self.homes();
+        let homes = self.homes;
         let mut hole = self.bucket_of(h, id);
         self.buckets[hole] = EMPTY;
         self.len -= 1;
@@ -161,38 +164,46 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
     }
 
     /// The address of the bucket a probe for hash `h` starts at, for a prefetch by a thread
-    /// that cannot read the table (see [`prefetch`]): `buckets` and `len` from
+    /// that cannot read the table (see [`prefetch`]): `buckets` and `homes` from
     /// [`raw_parts`](Self::raw_parts), possibly stale.
     #[inline]
-    pub(super) fn home_addr(buckets: usize, len: usize, h: u64) -> usize {
-        buckets + 4 * Self::home(h, len.saturating_sub(PAD))
+    pub(super) fn home_addr(buckets: usize, homes: usize, h: u64) -> usize {
+        buckets + 4 * Self::home(h, homes)
     }
 
-    /// The bucket array's address and length.
+    /// The bucket array's address and its number of home buckets.
     pub(super) fn raw_parts(&self) -> (usize, usize) {
-        (self.buckets.as_ptr() as usize, self.buckets.len())
+        (self.buckets.as_ptr() as usize, self.homes)
     }
 
     /// Prefetches the bucket a probe for `h` starts at.
     #[inline]
     pub(super) fn prefetch(&self, h: u64) {
-        if let Some(b) = self.buckets.get(Self::home(h, self.homes())) {
+        if let Some(b) = self.buckets.get(Self::home(h, self.homes)) {
             prefetch(b as *const u32 as usize);
         }
     }
 
     fn grow<I: Iterator<Item = (u32, u64)>>(&mut self, all: &impl Fn() -> I) {
-        let mut homes = self.homes();
+        let mut homes = self.homes;
         'size: loop {
             homes = (homes + homes / 2).max(8);
-            self.buckets = vec![EMPTY; homes + PAD].into_boxed_slice();
+            let mut buckets = vec![EMPTY; homes + pad(homes)].into_boxed_slice();
             for (id, h) in all() {
-                let home = Self::home(h, homes);
-                let Some(at) = self.buckets[home..].iter().position(|&b| b == EMPTY) else {
-                    continue 'size; // a run past the padding: larger still
-                };
-                self.buckets[home + at] = Self::tag(h) | id;
+                let mut i = Self::home(h, homes);
+                loop {
+                    match buckets.get_mut(i) {
+                        Some(b) if *b == EMPTY => {
+                            *b = Self::tag(h) | id;
+                            break;
+                        }
+                        Some(_) => i += 1,
+                        None => continue 'size, // a run past the padding: larger still
+                    }
+                }
             }
+            self.buckets = buckets;
+            self.homes = homes;
             return;
         }
     }
@@ -246,15 +257,21 @@ impl<T: Copy + Default> Chunked<T> {
     }
 
     /// Appends `v`; returns its index.
+    #[inline]
     pub(super) fn push(&mut self, v: T) -> u32 {
         let (c, at) = (self.len / CHUNK, self.len % CHUNK);
         if c == self.chunks.len() {
-            let chunk: Box<[T]> = vec![T::default(); CHUNK].into_boxed_slice();
-            self.chunks.push(chunk.try_into().unwrap_or_else(|_| unreachable!("CHUNK entries")));
+            self.add_chunk();
         }
         self.chunks[c][at] = v;
         self.len += 1;
         (self.len - 1) as u32
+    }
+
+    #[cold]
+    fn add_chunk(&mut self) {
+        let chunk: Box<[T]> = vec![T::default(); CHUNK].into_boxed_slice();
+        self.chunks.push(chunk.try_into().unwrap_or_else(|_| unreachable!("CHUNK entries")));
     }
 
     /// Removes and returns the last entry. One empty chunk is kept as a spare, so an array
@@ -267,7 +284,7 @@ impl<T: Copy + Default> Chunked<T> {
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = T> + '_ {
-        self.chunks.iter().flat_map(|c| c.iter().copied()).take(self.len)
+        (0..self.len as u32).map(|i| self.get(i))
     }
 
     pub(super) fn capacity_bytes(&self) -> usize {
@@ -339,7 +356,7 @@ mod tests {
         for v in 0..5_000 {
             assert_eq!(s.contains(v), want.contains(&v));
         }
-        assert!(s.table.homes() * 4 >= s.table.len() * 5);
+        assert!(s.table.homes * 4 >= s.table.len() * 5);
     }
 
     #[test]

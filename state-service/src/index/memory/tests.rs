@@ -114,3 +114,24 @@ fn equals_reference_on_random_streams() {
     }
     // The full run (many seeds, coverage asserted) is tests/index_differential.rs.
 }
+
+#[test]
+fn token_keys_equal_core_keys() {
+    let mut rng = 7u64;
+    let (mut buf, mut got) = (Vec::new(), Vec::new());
+    for bs in [1usize, 2, 3, 4, 16, 17, 64] {
+        let tokens: Vec<u32> = (0..bs * 5 + bs / 2)
+            .map(|_| {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (rng >> 32) as u32
+            })
+            .collect();
+        for root in [KeyRoot::new(M, "").token_root(), BlockKey(u64::MAX), BlockKey(0)] {
+            let mut want = Vec::new();
+            kvroute_core::keys::extend_token_keys(root, &tokens, bs, &mut want);
+            got.clear();
+            super::token_keys(root, &tokens, bs, &mut buf, &mut got);
+            assert_eq!(got, want, "block size {bs}");
+        }
+    }
+}
