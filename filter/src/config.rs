@@ -7,7 +7,6 @@ use kvroute_core::request::Api;
 use kvroute_core::targets;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// Where the routing decision is written.
@@ -124,46 +123,7 @@ impl Default for RawConfig {
 /// Shortest credential accepted for the state service (bytes): a guessable token is none.
 pub const MIN_TOKEN_LEN: usize = 32;
 
-/// An address range, `10.0.0.0/8` or `::1/128` (a bare address is one host).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    addr: IpAddr,
-    bits: u8,
-}
-
-impl Cidr {
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (addr, bits) = match s.split_once('/') {
-            Some((a, b)) => (a.parse::<IpAddr>().ok()?, Some(b.parse::<u8>().ok()?)),
-            None => (s.parse::<IpAddr>().ok()?, None),
-        };
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let bits = bits.unwrap_or(max);
-        (bits <= max).then_some(Cidr { addr, bits })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let mask = |bits: u8, width: u32| if bits == 0 { 0 } else { u128::MAX << (width - u32::from(bits)) };
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let m = mask(self.bits, 32) as u32;
-                u32::from(net) & m == u32::from(ip) & m
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let m = mask(self.bits, 128);
-                u128::from(net) & m == u128::from(ip) & m
-            }
-            (IpAddr::V4(_), IpAddr::V6(ip)) => ip.to_ipv4_mapped().is_some_and(|v4| self.contains(IpAddr::V4(v4))),
-            (IpAddr::V6(_), IpAddr::V4(_)) => false,
-        }
-    }
-}
-
-/// The peer's IP from a host address property (`10.0.0.1:5555`, `[::1]:5555`, or a bare IP).
-pub fn peer_ip(address: &str) -> Option<IpAddr> {
-    address.parse::<SocketAddr>().map(|a| a.ip()).ok().or_else(|| address.parse().ok())
-}
-
+pub use crate::cidr::{peer_ip, Cidr};
 
 /// Validated configuration, shared (read-only) by every HTTP context of a VM.
 #[derive(Clone, Debug, PartialEq)]
@@ -294,7 +254,7 @@ impl Config {
             (None, RoutingMode::Endpoint) => DEFAULT_ENDPOINT_HEADER.into(),
             (None, RoutingMode::Cluster) => DEFAULT_CLUSTER_HEADER.into(),
         };
-        let identity = crate::identity::Identity::validate(raw.identity, header_name)?;
+        let identity = crate::identity::Identity::validate(raw.identity, |f, h| header_name(f, h).map_err(|e| e.to_string())).map_err(ConfigError::Identity)?;
         if let Some(v) = raw.route_variable.as_deref().filter(|v| v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')) {
             return Err(ConfigError::BadVariable(v.to_string()));
         }

@@ -13,7 +13,7 @@
 //! Nothing the client can choose names a tenant: a request with no verified identity gets
 //! `default_tenant`, or 401 when `required`.
 
-use crate::config::{Cidr, ConfigError};
+use crate::cidr::Cidr;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -119,12 +119,13 @@ pub fn valid_tenant(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_TENANT_LEN && name.bytes().all(|b| b.is_ascii_graphic())
 }
 
-fn bad(message: String) -> ConfigError {
-    ConfigError::Identity(message)
+fn bad(message: String) -> String {
+    message
 }
 
 impl Identity {
-    pub fn validate(raw: RawIdentity, header_name: impl Fn(&'static str, &str) -> Result<String, ConfigError>) -> Result<Identity, ConfigError> {
+    /// The error is the message `config` reports under `identity`.
+    pub fn validate(raw: RawIdentity, header_name: impl Fn(&'static str, &str) -> Result<String, String>) -> Result<Identity, String> {
         let mut sources = Vec::new();
         for source in raw.sources {
             sources.push(match source {
@@ -159,7 +160,7 @@ impl Identity {
                 RawSource::Header { name, trusted_sources } => {
                     let trusted = trusted_sources
                         .iter()
-                        .map(|c| Cidr::parse(c).ok_or_else(|| ConfigError::BadCidr(c.clone())))
+                        .map(|c| Cidr::parse(c).ok_or_else(|| format!("header.trusted_sources: `{c}` is not an address or CIDR range")))
                         .collect::<Result<Vec<_>, _>>()?;
                     if trusted.is_empty() {
                         return Err(bad("header.trusted_sources: name the hops allowed to set it (a header anyone may set names no tenant)".into()));
@@ -258,8 +259,8 @@ mod tests {
         }
     }
 
-    fn identity(json: &str) -> Result<Identity, ConfigError> {
-        let raw: RawIdentity = serde_json::from_str(json).map_err(|e| ConfigError::Json(e.to_string()))?;
+    fn identity(json: &str) -> Result<Identity, String> {
+        let raw: RawIdentity = serde_json::from_str(json).map_err(|e| e.to_string())?;
         Identity::validate(raw, |_, h| Ok(h.to_ascii_lowercase()))
     }
 

@@ -21,6 +21,7 @@
 // and slices are read with `get` / iterators, never `[i]` (an out-of-range index panics too).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
 
+pub mod cidr;
 pub mod config;
 pub mod decision;
 pub mod identity;

@@ -8,6 +8,7 @@
 //! fleets without a healthy worker answer 200 with an empty worker and a degraded reason: the
 //! proxy then uses its default route, which is the filter's fail-open path anyway.
 
+pub mod affinity;
 pub mod prompt;
 pub mod tokenized;
 

@@ -128,4 +128,18 @@ mod tests {
         let k = kwargs(obj.as_object().unwrap_or(&Map::new()), &settings).unwrap();
         assert_eq!(Json::Object(k), json!({"enable_thinking": false, "x": 1, "y": 2}));
     }
+
+    #[test]
+    fn parse_renders_a_responses_input_as_chat() {
+        let settings = RenderSettings::default();
+        let body = json!({"instructions": "sys", "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}],
+                          "tools": [{"type": "function", "name": "f"}], "chat_template_kwargs": {"enable_thinking": false}});
+        let parsed = parse(&body.to_string(), Api::Responses, "{{ messages }}", &settings).unwrap();
+        let r = parsed.render;
+        assert_eq!(r.messages, vec![json!({"role": "system", "content": "sys"}), json!({"role": "user", "content": "a\nb"})]);
+        assert_eq!(r.tools.unwrap()[0]["function"]["name"], "f");
+        assert!(r.add_generation_prompt && !r.continue_final_message);
+        assert_eq!(r.kwargs["enable_thinking"], false);
+        assert!(parse(r#"{"instructions": "x"}"#, Api::Responses, "", &settings).is_err());
+    }
 }

@@ -511,18 +511,4 @@ mod tests {
         assert_eq!(chat["add_generation_prompt"], false);
         assert!(!continues_final_message(&json!("x")));
     }
-
-    #[test]
-    fn parse_renders_a_responses_input_as_chat() {
-        let settings = crate::input::RenderSettings::default();
-        let body = json!({"instructions": "sys", "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}],
-                          "tools": [{"type": "function", "name": "f"}], "chat_template_kwargs": {"enable_thinking": false}});
-        let parsed = crate::input::parse(&body.to_string(), crate::Api::Responses, "{{ messages }}", &settings).unwrap();
-        let r = parsed.render;
-        assert_eq!(r.messages, vec![json!({"role": "system", "content": "sys"}), json!({"role": "user", "content": "a\nb"})]);
-        assert_eq!(r.tools.unwrap()[0]["function"]["name"], "f");
-        assert!(r.add_generation_prompt && !r.continue_final_message);
-        assert_eq!(r.kwargs["enable_thinking"], false);
-        assert!(crate::input::parse(r#"{"instructions": "x"}"#, crate::Api::Responses, "", &settings).is_err());
-    }
 }

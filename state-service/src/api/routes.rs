@@ -70,7 +70,7 @@ pub async fn locate(State(state): State<AppState>, headers: HeaderMap, body: Byt
         return Err(ApiError::BadRequest("LocateRequest.response_id: 1 to 128 printable characters, no spaces or quotes".into()));
     }
     let mut response = PickResponse { policy: "affinity".into(), ..PickResponse::default() };
-    if let Some(owner) = crate::responses::owner(&state, &request.response_id, "locate").await {
+    if let Some(owner) = crate::pick::affinity::owner(&state, &request.response_id, "locate").await {
         match state.fleet.worker(owner.worker.as_str()) {
             Some(w) => {
                 state.metrics.count_affinity("locate", "routed");

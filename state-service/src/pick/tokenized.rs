@@ -46,7 +46,7 @@ pub async fn pick(state: &AppState, req: &PickRequest, deadline: Option<std::tim
     let mut view = state.fleet.model_view(&req.model);
     let mut continued = 0;
     if !req.previous_response_id.is_empty() {
-        match crate::responses::owner(state, &req.previous_response_id, "pick").await {
+        match crate::pick::affinity::owner(state, &req.previous_response_id, "pick").await {
             // Nobody stored it (or it expired): any worker answers vLLM's own 404.
             None => {}
             Some(owner) => {
