@@ -1,21 +1,29 @@
 //! The embedded in-memory [`KvIndex`]: microsecond prefix lookups for picks.
 //!
-//! Two structures, each a dense array plus a 4-byte-a-bucket hash index over it (see
-//! `table.rs`), so a (block, engine) pair held by one engine costs ~36 bytes where a
-//! `HashMap` of keys and one of hashes cost 55:
-//! - global, in 64 shards by key hash, each behind its own `RwLock` (`holders.rs`): block
-//!   keys interned to slot numbers, and per slot the engines holding the key (the only
-//!   holder inline; several as a sorted list, or as a bitmask over engine slots once that is
-//!   smaller). A slot's number is stable while any engine holds the key.
+//! Layout. Two structures, each a dense array plus a hash index of 4-byte buckets over it
+//! (`table.rs`: at most 80% full, grown by 1.5x, so 53-80%), which is what keeps a (block,
+//! engine) pair at ~36-38 bytes (a `HashMap` of keys and one of hashes cost 55-70):
+//! - global, in 32 shards by key hash, each behind its own `RwLock` (`holders.rs`): block
+//!   keys interned to slot numbers (12-byte slots: the key and a holders word), and per slot
+//!   the engines holding the key: the only holder inline in the holders word (most keys:
+//!   conversation tails); several as a sorted list of engine slots, or as a bitmask over
+//!   engine slots once that is smaller (keys every engine holds: system prompts). A shard
+//!   also keeps, per holder set, the set's engines below 64 as one word, so a walk over a
+//!   fleet of up to 64 engines reads one `u64` per key. A slot's number is stable while any
+//!   engine holds the key.
 //! - per engine, behind its own mutex (`blocks.rs`): `EngineHash -> (global slot, tiers)`,
-//!   12 bytes an entry. vLLM's `BlockRemoved` names blocks by engine hash only, and a
-//!   `BlockStored` names its parent by engine hash, so this map turns vLLM's hashes into
-//!   kvroute keys (the slot's key). A block may sit in several tiers (GPU, CPU, storage) at
-//!   once; it stays indexed while any tier holds it.
+//!   12 bytes an entry, the key itself read from the slot. vLLM's `BlockRemoved` names
+//!   blocks by engine hash only, and a `BlockStored` names its parent by engine hash, so
+//!   this map turns vLLM's hashes into kvroute keys. A block may sit in several tiers (GPU,
+//!   CPU, storage) at once; it stays indexed while any tier holds it.
+//!
+//! Lookups. `match_prefix` hashes each key once, probes its shard's index (a bucket, then
+//! the slot: one comparison in the common case) and ANDs the key's holders into a bitset of
+//! the engines still matching, on the stack for up to 1,024 engines and a single `u64` for
+//! up to 64; it stops at the first key that leaves nobody, and allocates only its answer.
 //!
 //! Cost: a store or remove is O(1) per block (one engine-map and one shard operation); a
-//! lookup is O(keys walked x mask words), stopping at the first key no candidate holds;
-//! `clear_engine` is O(blocks of that engine).
+//! lookup is O(keys walked x mask words); `clear_engine` is O(blocks of that engine).
 //!
 //! Key roots. An engine's chains start at `KeyRoot::new(lora_name.unwrap_or(model),
 //! cache_salt.unwrap_or(""))`, where `model` is the engine's configured model and `lora_name`
@@ -32,17 +40,23 @@
 //! Concurrency: a writer (one ingest thread per engine) takes its engine's mutex, then one
 //! shard lock at a time: the write lock of the key's shard per block stored or removed, a
 //! read lock to read a parent's key. Writers of different engines share nothing but the
-//! shard a block falls in, so ingestion spreads over the cores; they never hold two shard
-//! locks, nor wait for anything while holding one. A pick takes shard read locks only, each
-//! shard at most once however many of its keys the pick walks (a 512-key walk takes at most
-//! 64 locks, not 512), keeping them until the walk ends; a pick's second and later locks are
-//! taken recursively (they do not queue behind a waiting writer, which could otherwise
-//! deadlock two picks and two writers), and it takes engine locks only after releasing
-//! them. A pick never waits for a whole batch; it may see a batch half applied, which is
-//! harmless for routing.
+//! shard a block falls in (32 shards: two writers meet in one about 1 time in 32), so
+//! ingestion spreads over the cores; they never hold two shard locks, nor wait for anything
+//! while holding one. A shard's index grows under an upgradable read (other writers wait,
+//! lookups do not), then is swapped in under the write lock. A writer requests a whole
+//! event's buckets (engine map and shards) from memory before probing the first, so their
+//! cache misses overlap.
 //!
-//! Capacity: 8.4M distinct keys a shard (537M in all) and 67M blocks an engine; a block past
-//! either is not indexed and counts as `rejected_bad_block`.
+//! A pick takes shard read locks only, each shard at most once however many of its keys it
+//! walks (a 512-key walk takes 32 locks, not 512), keeping them until the walk ends; its
+//! second and later locks are taken recursively (they do not queue behind a waiting writer,
+//! which could otherwise deadlock two picks and two writers: a writer waits for the picks
+//! holding its shard to finish, never the other way round), and it takes engine locks only
+//! after releasing them. A pick never waits for a whole batch; it may see a batch half
+//! applied, which is harmless for routing.
+//!
+//! Capacity: 16.7M distinct keys a shard (537M in all) and 67M blocks an engine; a block
+//! past either is not indexed and counts as `rejected_bad_block`.
 
 mod blocks;
 mod holders;
@@ -55,17 +69,17 @@ use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
 use blocks::Blocks;
 use holders::{Holders, Shard, SLOT_BITS};
 use kvroute_core::keys::KeyRoot;
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use table::prefetch;
 use std::sync::Arc;
 
-const SHARD_BITS: u32 = 6;
+const SHARD_BITS: u32 = 5;
 const SHARDS: usize = 1 << SHARD_BITS;
 
-/// A key's global slot: shard (6 bits) and slot within it (23 bits).
+/// A key's global slot: shard (5 bits) and slot within it (24 bits).
 type GlobalSlot = u32;
 
 /// An engine map's value: `GlobalSlot << 3 | tier bits`.
@@ -232,6 +246,17 @@ impl MemoryIndex {
         let s = Self::shard_of(h);
         let cell = &self.shards[s];
         let mut shard = cell.lock.write();
+        if shard.full() {
+            // Rehash under an upgradable read: other writers wait, lookups do not (a grown
+            // shard of the 1,000-engine fleet rehashes 600k keys, milliseconds).
+            drop(shard);
+            let read = cell.lock.upgradable_read();
+            let grown = read.full().then(|| read.grown(SHARD_BITS, |k| self.mix(k)));
+            shard = RwLockUpgradableReadGuard::upgrade(read);
+            if let Some(g) = grown {
+                shard.install(g);
+            }
+        }
         let (slot, newly) = shard.add(key, h, engine.0, SHARD_BITS, |k| self.mix(k))?;
         let (buckets, homes) = shard.raw_parts();
         if cell.buckets.load(Ordering::Relaxed) != buckets || cell.homes.load(Ordering::Relaxed) != homes {

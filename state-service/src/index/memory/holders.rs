@@ -15,11 +15,11 @@
 //! A shard records presence only. One engine reaching the same key through several of its
 //! own block hashes is counted by the engine (see `memory.rs`), not here.
 
-use super::table::{Chunked, IdTable};
+use super::table::{Chunked, Grown, IdTable};
 use crate::types::BlockKey;
 
-/// Slot numbers within one shard: 23 bits (8.4M keys a shard).
-pub(super) const SLOT_BITS: u32 = 23;
+/// Slot numbers within one shard: 24 bits (16.7M keys a shard).
+pub(super) const SLOT_BITS: u32 = 24;
 type SlotIndex = IdTable<SLOT_BITS>;
 
 /// `holders` values at or above this index `sets`; below it they are the only holder.
@@ -292,6 +292,26 @@ impl Shard {
 
     /// Marks `engine` as holding `key` (mixed hash `h`, `mix` computes it for any key):
     /// the key's slot, and whether the engine newly holds it. None when the shard is full.
+    /// Whether the next new key grows the index (see [`grown`](Self::grown)).
+    pub(super) fn full(&self) -> bool {
+        self.index.full()
+    }
+
+    /// The index grown for more keys, built without changing this shard: the caller holds
+    /// it read-locked against other writers only (an upgradable read), so lookups go on
+    /// while the slots are rehashed, then [`install`](Self::install)s it write-locked.
+    pub(super) fn grown(&self, shard_bits: u32, mix: impl Fn(u64) -> u64) -> Grown {
+        let slots = &self.slots;
+        self.index.grown(&|| {
+            let live = slots.iter().enumerate().filter(|(_, s)| s.holders != FREE);
+            live.map(|(i, s)| (i as u32, table_hash(mix(s.key()), shard_bits)))
+        })
+    }
+
+    pub(super) fn install(&mut self, g: Grown) {
+        self.index.install(g);
+    }
+
     pub(super) fn add(
         &mut self,
         key: BlockKey,

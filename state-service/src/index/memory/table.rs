@@ -184,7 +184,15 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
         }
     }
 
-    fn grow<I: Iterator<Item = (u32, u64)>>(&mut self, all: &impl Fn() -> I) {
+    /// Whether the next insert grows the table.
+    pub(super) fn full(&self) -> bool {
+        (self.len + 1) * 5 > self.homes * 4
+    }
+
+    /// The table this one grows into, built from `all` without changing this one (so an
+    /// owner can build it while readers still probe this one); [`install`](Self::install)
+    /// it. In a larger table still if a run would not fit the padding.
+    pub(super) fn grown<I: Iterator<Item = (u32, u64)>>(&self, all: &impl Fn() -> I) -> Grown {
         let mut homes = self.homes;
         'size: loop {
             homes = (homes + homes / 2).max(8);
@@ -198,15 +206,30 @@ impl<const ID_BITS: u32> IdTable<ID_BITS> {
                             break;
                         }
                         Some(_) => i += 1,
-                        None => continue 'size, // a run past the padding: larger still
+                        None => continue 'size,
                     }
                 }
             }
-            self.buckets = buckets;
-            self.homes = homes;
-            return;
+            return Grown { buckets, homes };
         }
     }
+
+    /// Replaces the buckets with `g`, built by [`grown`](Self::grown) from the same entries.
+    pub(super) fn install(&mut self, g: Grown) {
+        self.buckets = g.buckets;
+        self.homes = g.homes;
+    }
+
+    fn grow<I: Iterator<Item = (u32, u64)>>(&mut self, all: &impl Fn() -> I) {
+        let g = self.grown(all);
+        self.install(g);
+    }
+}
+
+/// A larger bucket array for an [`IdTable`], see [`IdTable::grown`].
+pub(super) struct Grown {
+    buckets: Box<[u32]>,
+    homes: usize,
 }
 
 /// Asks the CPU to fetch the cache line at `addr`, so the probe that follows (after the

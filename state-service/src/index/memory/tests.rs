@@ -135,3 +135,26 @@ fn token_keys_equal_core_keys() {
         }
     }
 }
+
+#[test]
+fn a_pair_held_by_one_engine_costs_under_44_bytes() {
+    // The layout's budget (see the module docs; index_bench measures ~36-38 B at fleet
+    // scale): 12-byte slots and entries plus two 4-byte-bucket indexes. A padded entry (16
+    // bytes) or a doubling growth would break it.
+    let idx = MemoryIndex::new();
+    let (engines, per_engine) = (8u32, 24_000u32);
+    for e in 0..engines {
+        for chunk in 0..per_engine / 48 {
+            let base = (e * per_engine + chunk * 48) as u64;
+            let hashes: Vec<u64> = (0..48).map(|i| (base + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+            let first = (e * per_engine + chunk * 48) * 4;
+            idx.apply(EngineSlot(e), M, 4, &[stored(&hashes, None, first..first + 48 * 4, Tier::Gpu)]);
+        }
+    }
+    let pairs = (engines * per_engine) as usize;
+    assert_eq!(idx.distinct_keys(), pairs);
+    let (shards, maps) = idx.heap_bytes();
+    let per_pair = (shards + maps) as f64 / pairs as f64;
+    eprintln!("{per_pair:.1} B per pair ({shards} B shards, {maps} B engine maps)");
+    assert!(per_pair < 44.0, "{per_pair:.1} B per pair");
+}
