@@ -5,7 +5,9 @@
 //! - [`net`]: free-port picking and readiness polling with a deadline (polling a server until
 //!   it answers is the only waiting the tests do; effects are observed, never slept for).
 //! - [`paths`]: where the repository, the built binaries, the `.wasm` and Envoy are.
-//! - [`envoy`]: renders the templates in `envoy/` and starts Envoy.
+//! - [`envoy`]: renders the templates in `envoy/` and starts Envoy; [`nginx`]: the same for
+//!   NGINX with ngx_wasm_module; [`host`]: either one behind one interface, so a test body runs
+//!   against each host ([`host::hosts`]).
 //! - [`redis`], [`replicas`]: `redis-server` shards and several state-service replicas
 //!   (`store = "redis"`), each behind its own Envoy, in front of the same workers.
 //! - [`fake`]: in-process fixtures (a fake state service and fake workers) for testing the
@@ -13,6 +15,7 @@
 
 pub mod envoy;
 pub mod fake;
+pub mod host;
 pub mod llm;
 pub mod net;
 pub mod nginx;

@@ -1,10 +1,12 @@
 //! The real stack for the must-show tests: `kvroute-sim` (N workers on consecutive ports, one
 //! process each, so one can be killed like a crashing vLLM server),
 //! `kvroute-state` configured for exactly those workers (events, replay, metrics, endpoint and
-//! cluster names), and Envoy with the filter in front. The state service can be killed and
+//! cluster names), and the proxy with the filter in front (Envoy, or NGINX with
+//! `StackOptions::host`). The state service can be killed and
 //! restarted on the same port to test fail-open and recovery.
 
 use crate::envoy::{worker_cluster, Envoy, EnvoyExtra, EnvoyOptions, Mode};
+use crate::host::{Host, Proxy};
 use crate::net::{free_port, free_port_range, wait_for, wait_http_ok, API_TOKEN};
 use crate::paths;
 use crate::proc::Proc;
@@ -19,7 +21,7 @@ pub struct Stack {
     /// One process per worker (index = worker id); `None` once killed.
     pub sims: Vec<Option<Proc>>,
     pub state: Option<Proc>,
-    pub envoy: Envoy,
+    pub proxy: Proxy,
     pub http_base: u16,
     zmq_base: u16,
     time_scale: f64,
@@ -38,8 +40,10 @@ pub struct StackOptions {
     pub time_scale: f64,
     /// What the state service's config adds to the harness defaults.
     pub state: StateToml,
-    /// Envoy variations (no filter, another module).
+    /// Proxy variations (no filter, another module; the others are Envoy-only).
     pub envoy: EnvoyExtra,
+    /// The proxy host (Envoy unless a test loops over `host::hosts()`).
+    pub host: Host,
 }
 
 impl Default for StackOptions {
@@ -51,6 +55,7 @@ impl Default for StackOptions {
             time_scale: 0.2,
             state: StateToml::default(),
             envoy: EnvoyExtra::default(),
+            host: Host::Envoy,
         }
     }
 }
@@ -161,14 +166,15 @@ impl Stack {
         let toml = state_toml(state_port, http_base, zmq_base, opts.workers, &opts.state);
         let state_config = std::env::temp_dir().join(format!("kvroute-e2e-state-{state_port}.toml"));
         std::fs::write(&state_config, toml)?;
-        let envoy = Envoy::start_with(
+        let proxy = Proxy::start(
+            &opts.host,
             EnvoyOptions { mode: opts.mode, worker_ports: (0..n).map(|i| http_base + i).collect(), state_port, plugin: opts.plugin },
             opts.envoy,
         )
         .await?;
         let client = crate::net::client(Duration::from_secs(60));
         let sims = sims.into_iter().map(Some).collect();
-        let mut stack = Stack { sims, state: None, envoy, http_base, zmq_base, time_scale: opts.time_scale, workers: opts.workers, state_port, state_config, client };
+        let mut stack = Stack { sims, state: None, proxy, http_base, zmq_base, time_scale: opts.time_scale, workers: opts.workers, state_port, state_config, client };
         stack.start_state().await?;
         Ok(stack)
     }
@@ -225,6 +231,16 @@ impl Stack {
         Ok(())
     }
 
+    /// The Envoy of an Envoy-only test (panics on NGINX).
+    pub fn envoy(&self) -> &Envoy {
+        self.proxy.envoy().expect("Envoy-only")
+    }
+
+    /// A URL on the proxy's listener with the filter.
+    pub fn url(&self, path: &str) -> String {
+        self.proxy.url(path)
+    }
+
     pub fn state_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{}", self.state_port, path)
     }
@@ -273,6 +289,6 @@ impl Stack {
     pub fn log_tails(&self) -> String {
         let state = self.state.as_ref().map(|p| p.log_tail(3000)).unwrap_or_default();
         let sims: String = self.sims.iter().flatten().map(|p| p.log_tail(800)).collect::<Vec<_>>().join("\n");
-        format!("--- envoy ---\n{}\n--- state ---\n{state}\n--- sims ---\n{sims}", self.envoy.proc.log_tail(3000))
+        format!("--- {} ---\n{}\n--- state ---\n{state}\n--- sims ---\n{sims}", self.proxy.host_name(), self.proxy.log_tail())
     }
 }

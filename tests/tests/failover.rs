@@ -7,9 +7,14 @@
 //! - a reported upstream failure stops picks to that worker at once (no scrape involved), and
 //!   a `/health` probe brings it back when it answers again;
 //! - a drained worker finishes its in-flight request and gets no new ones, then leaves.
+//!
+//! The first two are Envoy-only: they need the proxy to move down the pick's fallback list
+//! (override-host with retries); NGINX's `proxy_pass` takes the one target of the variable
+//! (`fallback_endpoints = 0`). The drain runs through NGINX too when `KVROUTE_NGINX` is set.
 
 use anyhow::Result;
 use kvroute_e2e::envoy::Mode;
+use kvroute_e2e::host::{for_each_host, Host};
 use kvroute_e2e::llm::{completion, concat, decision_field, header, tokens};
 use kvroute_e2e::net::wait_for;
 use kvroute_e2e::stack::{Stack, StackOptions, StateToml, MODEL};
@@ -64,7 +69,7 @@ async fn worker_killed_under_load(mode: Mode) -> Result<()> {
     let prefixes: Arc<Vec<Vec<u32>>> = Arc::new((0..6).map(|p| tokens(7000 + p, 128)).collect());
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
-    let url = s.envoy.url("/v1/completions");
+    let url = s.envoy().url("/v1/completions");
     let clients: Vec<_> = (0..CONCURRENCY)
         .map(|_| {
             let (client, url, prefixes, next, done) = (s.client.clone(), url.clone(), prefixes.clone(), next.clone(), done.clone());
@@ -103,7 +108,7 @@ async fn worker_killed_under_load(mode: Mode) -> Result<()> {
     assert!(after.iter().all(|o| o.worker != "1"));
     // The path under test was taken: Envoy retried picks that still named the dead worker,
     // and the filter told the state service, which stopped picking it.
-    let stats = s.envoy.stats("upstream_rq_retry$").await?;
+    let stats = s.envoy().stats("upstream_rq_retry$").await?;
     let retries: u64 = stats.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum();
     assert!(retries >= 1, "no request needed a failover: {stats:?}");
     let w1 = s.worker_view(1).await?;
@@ -120,7 +125,7 @@ async fn a_reported_failure_stops_picks_until_the_worker_answers_again() -> Resu
     let prefix = tokens(4100, 160);
     warm(&s, 0, &prefix).await?;
     s.kill_worker(0);
-    let url = s.envoy.url("/v1/completions");
+    let url = s.envoy().url("/v1/completions");
     let r = s.client.post(&url).json(&completion(MODEL, &concat(&prefix, &tokens(4101, 16)), 2, false)).send().await?;
     let decision = header(&r, "x-kvroute-decision");
     assert_eq!(r.status(), 200, "failed over: {decision}");
@@ -150,12 +155,16 @@ async fn a_reported_failure_stops_picks_until_the_worker_answers_again() -> Resu
 
 #[tokio::test]
 async fn a_drained_worker_finishes_its_requests_and_gets_no_new_ones() -> Result<()> {
+    for_each_host(drain).await
+}
+
+async fn drain(host: Host) -> Result<()> {
     let state = StateToml { top: format!("admin_token = \"{ADMIN_TOKEN}\""), ..StateToml::default() };
-    let s = Stack::start(StackOptions { mode: Mode::Endpoint, workers: 2, state, ..StackOptions::default() }).await?;
+    let s = Stack::start(StackOptions { host, mode: Mode::Endpoint, workers: 2, state, ..StackOptions::default() }).await?;
     let prefix = tokens(5100, 160);
     warm(&s, 0, &prefix).await?;
     s.wait_idle().await?;
-    let url = s.envoy.url("/v1/completions");
+    let url = s.url("/v1/completions");
     let mut long = s.client.post(&url).json(&completion(MODEL, &concat(&prefix, &tokens(5101, 16)), 400, true)).send().await?;
     assert_eq!(header(&long, "x-sim-worker"), "0");
     let first = long.chunk().await?.unwrap_or_default();

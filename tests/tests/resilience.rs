@@ -1,22 +1,34 @@
 //! Must-show failure handling and reporting through real Envoy, the real state service and
 //! simulated workers: the state service dying and coming back, bodies kvroute cannot or will
 //! not read, unknown models, and first-token / completion reports closing the loop.
+//! Every test runs through Envoy, and through NGINX too when `KVROUTE_NGINX` is set
+//! (`host::for_each_host`); cluster mode is Envoy-only, and so are the filter's counters
+//! (Envoy's admin stats: NGINX shows no proxy-wasm metrics), checked where the host has them.
 
 use anyhow::Result;
 use kvroute_e2e::envoy::Mode;
+use kvroute_e2e::host::{for_each_host, Host};
 use kvroute_e2e::llm::{completion, header, tokens};
 use kvroute_e2e::net::wait_for;
 use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 use std::time::Duration;
 
-async fn stack(mode: Mode, plugin: serde_json::Value) -> Result<Stack> {
-    Stack::start(StackOptions { mode, plugin, ..StackOptions::default() }).await
+async fn stack(host: Host, mode: Mode, plugin: serde_json::Value) -> Result<Stack> {
+    Stack::start(StackOptions { host, mode, plugin, ..StackOptions::default() }).await
 }
 
-async fn survives_state_service_death(mode: Mode) -> Result<()> {
-    let mut s = stack(mode, json!({})).await?;
-    let (client, url) = (s.client.clone(), s.envoy.url("/v1/completions"));
+/// Asserts a filter counter where the host shows them (Envoy).
+async fn counter_is(s: &Stack, name: &str, want: u64) -> Result<()> {
+    if let Some(got) = s.proxy.counter(name).await? {
+        assert_eq!(got, want, "{name}");
+    }
+    Ok(())
+}
+
+async fn survives_state_service_death(host: Host, mode: Mode) -> Result<()> {
+    let mut s = stack(host, mode, json!({})).await?;
+    let (client, url) = (s.client.clone(), s.url("/v1/completions"));
     let send = |seed: u32, stream: bool| client.post(&url).json(&completion(MODEL, &tokens(seed, 48), 4, stream)).send();
     let r = send(1, false).await?;
     assert_eq!(r.status(), 200);
@@ -30,7 +42,7 @@ async fn survives_state_service_death(mode: Mode) -> Result<()> {
         let body = r.text().await?;
         assert!(body.contains("usage"), "a complete answer from the default route: {body}");
     }
-    assert_eq!(s.envoy.counter("kvroute_fallback_pick_unavailable").await?, 6);
+    counter_is(&s, "kvroute_fallback_pick_unavailable", 6).await?;
     s.start_state().await?;
     let r = send(20, false).await?;
     assert_eq!(header(&r, "x-kvroute-fallback"), "");
@@ -40,17 +52,22 @@ async fn survives_state_service_death(mode: Mode) -> Result<()> {
 
 #[tokio::test]
 async fn state_service_killed_mid_run_endpoint_mode() -> Result<()> {
-    survives_state_service_death(Mode::Endpoint).await
+    for_each_host(|host| survives_state_service_death(host, Mode::Endpoint)).await
 }
 
 #[tokio::test]
 async fn state_service_killed_mid_run_cluster_mode() -> Result<()> {
-    survives_state_service_death(Mode::Cluster).await
+    // Envoy-only: cluster mode.
+    survives_state_service_death(Host::Envoy, Mode::Cluster).await
 }
 
 #[tokio::test]
 async fn unreadable_bodies_and_unknown_models_pass_through_counted() -> Result<()> {
-    let s = stack(Mode::Endpoint, json!({"max_body_bytes": 65536})).await?;
+    for_each_host(unreadable_bodies).await
+}
+
+async fn unreadable_bodies(host: Host) -> Result<()> {
+    let s = stack(host, Mode::Endpoint, json!({"max_body_bytes": 65536})).await?;
     let big = serde_json::to_vec(&completion(MODEL, &tokens(3, 20_000), 2, false))?;
     assert!(big.len() > 65536);
     let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -59,24 +76,28 @@ async fn unreadable_bodies_and_unknown_models_pass_through_counted() -> Result<(
         (serde_json::to_vec(&completion("no-such-model", &tokens(4, 40), 2, false))?, "unknown_model"),
     ];
     for (body, reason) in cases {
-        let r = s.client.post(s.envoy.url("/v1/completions")).header("content-type", "application/json").body(body).send().await?;
+        let r = s.client.post(s.url("/v1/completions")).header("content-type", "application/json").body(body).send().await?;
         let status = r.status().as_u16();
         assert!(status < 500, "{reason}: kvroute must never cause a 5xx, got {status}");
         assert_eq!(header(&r, "x-kvroute-fallback"), reason);
         // The worker itself judged the request: its own answer came back.
         assert!(!header(&r, "x-sim-worker").is_empty(), "{reason}");
-        assert_eq!(s.envoy.counter(&format!("kvroute_fallback_{reason}")).await?, 1, "{reason}");
+        counter_is(&s, &format!("kvroute_fallback_{reason}"), 1).await?;
     }
     Ok(())
 }
 
 #[tokio::test]
 async fn reports_close_every_assignment_and_calibrate() -> Result<()> {
-    let s = stack(Mode::Endpoint, json!({})).await?;
+    for_each_host(reports_close_and_calibrate).await
+}
+
+async fn reports_close_and_calibrate(host: Host) -> Result<()> {
+    let s = stack(host, Mode::Endpoint, json!({})).await?;
     let burst: Vec<_> = (0..16u32)
         .map(|i| {
             let body = completion(MODEL, &tokens(100 + i, 64 + 16 * (i as usize % 4)), 8, i % 2 == 0);
-            let req = s.client.post(s.envoy.url("/v1/completions")).json(&body).send();
+            let req = s.client.post(s.url("/v1/completions")).json(&body).send();
             async move {
                 let r = req.await?;
                 let routed = !header(&r, "x-kvroute-decision").is_empty();
@@ -104,9 +125,21 @@ async fn reports_close_every_assignment_and_calibrate() -> Result<()> {
         ws.iter().any(|w| w["calibration"]["overhead_ms"].as_f64() != Some(15.0) || w["calibration"]["per_token_ms"].as_f64() != Some(0.1))
     });
     assert_eq!(moved, Some(true), "calibration should move from the priors: {view}");
-    assert!(s.envoy.counter("kvroute_reports_sent").await? >= 32);
+    if let Some(sent) = s.proxy.counter("kvroute_reports_sent").await? {
+        assert!(sent >= 32, "{sent}");
+    }
+    // The state service applied a first-token and a completion report of every request, and
+    // none named a failed upstream (NGINX names the one that answered as IP and port apart;
+    // the filter joins them).
+    let metrics = s.client.get(s.state_url("/metrics")).send().await?.text().await?;
+    let applied = |kind: &str| {
+        let series = format!("kvroute_reports_total{{kind=\"{kind}\",outcome=\"applied\"}}");
+        metrics.lines().find(|l| l.starts_with(&series)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    assert!(applied("first_token") >= 16.0 && applied("complete") >= 16.0, "{metrics}");
+    assert!(!metrics.contains("kvroute_upstream_failures_total{"), "no upstream failure reported: {metrics}");
     // A client that walks away mid-stream is reported as a cancel: the assignment is freed.
-    let mut r = s.client.post(s.envoy.url("/v1/completions")).json(&completion(MODEL, &tokens(300, 64), 20_000, true)).send().await?;
+    let mut r = s.client.post(s.url("/v1/completions")).json(&completion(MODEL, &tokens(300, 64), 20_000, true)).send().await?;
     r.chunk().await?;
     drop(r);
     wait_for("cancelled assignment freed", Duration::from_secs(20), || async {
@@ -123,8 +156,12 @@ async fn reports_close_every_assignment_and_calibrate() -> Result<()> {
 /// the filter cancelled them by the ids it named, and its report batch waited out the freeze.
 #[tokio::test]
 async fn timed_out_and_reset_picks_leave_no_assignment() -> Result<()> {
-    let s = stack(Mode::Endpoint, json!({"pick_timeout_ms": 1500})).await?;
-    let url = s.envoy.url("/v1/completions");
+    for_each_host(picks_given_up).await
+}
+
+async fn picks_given_up(host: Host) -> Result<()> {
+    let s = stack(host, Mode::Endpoint, json!({"pick_timeout_ms": 1500})).await?;
+    let url = s.url("/v1/completions");
     s.freeze_state(true)?;
     let timed_out = s.client.post(&url).json(&completion(MODEL, &tokens(61, 64), 2, false)).send();
     let hung_up = kvroute_e2e::net::client(Duration::from_millis(500)).post(&url).json(&completion(MODEL, &tokens(62, 64), 2, false)).send();
@@ -133,7 +170,7 @@ async fn timed_out_and_reset_picks_leave_no_assignment() -> Result<()> {
     assert_eq!(timed_out.status(), 200, "served by the default route");
     assert_eq!(header(&timed_out, "x-kvroute-fallback"), "pick_timeout");
     assert!(hung_up.is_err(), "the client gave up before the pick answered");
-    assert_eq!(s.envoy.counter("kvroute_picks").await?, 2, "both picks were dispatched to the frozen service");
+    counter_is(&s, "kvroute_picks", 2).await?;
     s.freeze_state(false)?;
     // Both cancels delivered (each freed its assignment, or was remembered and discarded the
     // pick when it came later; a pick whose connection Envoy had closed may never be decided
@@ -162,15 +199,19 @@ async fn timed_out_and_reset_picks_leave_no_assignment() -> Result<()> {
 /// counted fallback, never a 503, and leaves no assignment behind.
 #[tokio::test]
 async fn targets_outside_the_allowlist_fall_back_counted() -> Result<()> {
-    let s = stack(Mode::Endpoint, json!({"allowed_targets": ["10.99.*:8000"]})).await?;
+    for_each_host(targets_not_allowed).await
+}
+
+async fn targets_not_allowed(host: Host) -> Result<()> {
+    let s = stack(host, Mode::Endpoint, json!({"allowed_targets": ["10.99.*:8000"]})).await?;
     for i in 0..4u32 {
-        let r = s.client.post(s.envoy.url("/v1/completions")).json(&completion(MODEL, &tokens(70 + i, 64), 2, false)).send().await?;
+        let r = s.client.post(s.url("/v1/completions")).json(&completion(MODEL, &tokens(70 + i, 64), 2, false)).send().await?;
         assert_eq!(r.status(), 200, "the default route served it");
         assert_eq!(header(&r, "x-kvroute-fallback"), "target_not_allowed");
         assert!(!header(&r, "x-sim-worker").is_empty());
         r.bytes().await?;
     }
-    assert_eq!(s.envoy.counter("kvroute_fallback_target_not_allowed").await?, 4);
+    counter_is(&s, "kvroute_fallback_target_not_allowed", 4).await?;
     wait_for("the refused picks cancelled", Duration::from_secs(10), || async {
         (s.workers_view().await.ok()?["assignments"].as_u64()? == 0).then_some(())
     })
