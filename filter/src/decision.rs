@@ -297,9 +297,12 @@ pub fn upstream_failure(address: &str, served_by: Option<&str>, status: Option<u
 /// The fallback for a pick that did not answer 2xx. Envoy's async client turns connection
 /// failures into a local 503 and its timeout into a 504, so those mean "unavailable" / "slow"
 /// whoever produced them; 429 is the state service shedding load; anything else is its own
-/// error status.
-pub fn classify_pick_status(status: Option<&str>) -> FallbackReason {
+/// error status. Without a status, ngx_wasm_module says why in its `:dispatch_status`
+/// pseudo-header (`timeout`, `broken connection`, ...; Envoy has none): a timeout there is slow
+/// too.
+pub fn classify_pick_status(status: Option<&str>, dispatch_status: Option<&str>) -> FallbackReason {
     match status.and_then(|s| s.parse::<u16>().ok()) {
+        None if dispatch_status == Some("timeout") => FallbackReason::PickTimeout,
         None | Some(502) | Some(503) => FallbackReason::PickUnavailable,
         Some(504) => FallbackReason::PickTimeout,
         Some(429) => FallbackReason::PickOverloaded,
@@ -488,11 +491,14 @@ mod tests {
     fn status_and_labels() {
         assert!(is_success(Some("200")) && is_success(Some("204")));
         assert!(!is_success(Some("503")) && !is_success(None) && !is_success(Some("x")));
-        assert_eq!(classify_pick_status(None), FallbackReason::PickUnavailable);
-        assert_eq!(classify_pick_status(Some("503")), FallbackReason::PickUnavailable);
-        assert_eq!(classify_pick_status(Some("504")), FallbackReason::PickTimeout);
-        assert_eq!(classify_pick_status(Some("429")), FallbackReason::PickOverloaded);
-        assert_eq!(classify_pick_status(Some("400")), FallbackReason::PickStatus);
+        assert_eq!(classify_pick_status(None, None), FallbackReason::PickUnavailable);
+        assert_eq!(classify_pick_status(Some("503"), None), FallbackReason::PickUnavailable);
+        assert_eq!(classify_pick_status(Some("504"), None), FallbackReason::PickTimeout);
+        assert_eq!(classify_pick_status(Some("429"), None), FallbackReason::PickOverloaded);
+        assert_eq!(classify_pick_status(Some("400"), None), FallbackReason::PickStatus);
+        // ngx_wasm_module: no status, the reason in `:dispatch_status`.
+        assert_eq!(classify_pick_status(None, Some("timeout")), FallbackReason::PickTimeout);
+        assert_eq!(classify_pick_status(None, Some("broken connection")), FallbackReason::PickUnavailable);
         // Host-visible (x-kvroute-fallback, kvroute_fallback_<label> counters): pinned.
         let labels: Vec<&str> = FallbackReason::ALL.iter().map(|r| r.label()).collect();
         assert_eq!(

@@ -154,7 +154,7 @@ impl HttpFilter {
         // A non-2xx answer is never read for a reason: the state service says "unknown model"
         // (and every other why) in a 200's `degraded_reason`, so the status alone classifies.
         if !is_success(status.as_deref()) {
-            return Err((classify_pick_status(status.as_deref()), format!(": status {}", status.as_deref().unwrap_or("none"))));
+            return Err(pick_failure(status.as_deref()));
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
@@ -208,7 +208,7 @@ impl HttpFilter {
     fn apply_locate(&mut self, body_size: usize, response_id: &str) -> Result<Option<Reply>, (FallbackReason, String)> {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status");
         if !is_success(status.as_deref()) {
-            return Err((classify_pick_status(status.as_deref()), format!(": status {}", status.as_deref().unwrap_or("none"))));
+            return Err(pick_failure(status.as_deref()));
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
@@ -293,6 +293,17 @@ impl Context for HttpFilter {
         }
         host::resume_request();
     }
+}
+
+/// Why a pick or locate call did not answer 2xx, and the detail to log.
+fn pick_failure(status: Option<&str>) -> (FallbackReason, String) {
+    let dispatch = if status.is_none() { host::header(MapType::HttpCallResponseHeaders, ":dispatch_status") } else { None };
+    let detail = match (status, &dispatch) {
+        (Some(s), _) => format!(": status {s}"),
+        (None, Some(d)) => format!(": status none ({d})"),
+        (None, None) => ": status none".to_string(),
+    };
+    (classify_pick_status(status, dispatch.as_deref()), detail)
 }
 
 impl HttpContext for HttpFilter {
