@@ -35,7 +35,7 @@ async fn measure(client: &reqwest::Client, url: &str, body: &serde_json::Value) 
 #[tokio::test]
 #[ignore = "benchmark: prints figures"]
 async fn added_latency() -> Result<()> {
-    let workers = vec![FakeWorker::start("A").await?, FakeWorker::start("B").await?];
+    let workers = [FakeWorker::start("A").await?, FakeWorker::start("B").await?];
     let client = reqwest::Client::new();
     let body = json!({"model": "m", "prompt": "You are a helpful assistant. ".repeat(60), "max_tokens": 4});
     let (p50, p99) = measure(&client, &format!("http://{}/v1/completions", workers[1].addr()), &body).await?;
@@ -61,9 +61,9 @@ async fn real_state_service_pick_latency() -> Result<()> {
     let s = Stack::start(StackOptions { workers: 4, time_scale: 0.05, ..StackOptions::default() }).await?;
     for i in 0..300u32 {
         let body = completion(MODEL, &tokens(i % 20, 512), 1, false);
-        s.client.post(s.envoy.url("/v1/completions")).json(&body).send().await?.bytes().await?;
+        s.client.post(s.envoy().url("/v1/completions")).json(&body).send().await?.bytes().await?;
     }
-    let url = format!("http://127.0.0.1:{}/stats?filter=kvroute_pick_latency_us", s.envoy.admin_port);
+    let url = format!("http://127.0.0.1:{}/stats?filter=kvroute_pick_latency_us", s.envoy().admin_port);
     // Envoy publishes histogram quantiles at its stats flush (every 5 s by default).
     let text = kvroute_e2e::net::wait_for("histogram flush", std::time::Duration::from_secs(20), || async {
         let t = reqwest::get(&url).await.ok()?.text().await.ok()?;
@@ -645,10 +645,10 @@ async fn cpu_per_streamed_request() -> Result<()> {
     let envoy = EnvoyExtra { plain_listener: true, module, ..EnvoyExtra::default() };
     let opts = StackOptions { workers: 2, time_scale: 0.01, envoy, ..StackOptions::default() };
     let stack = Stack::start(opts).await?;
-    let pid = stack.envoy.proc.pid().ok_or_else(|| anyhow::anyhow!("envoy pid"))?;
+    let pid = stack.envoy().proc.pid().ok_or_else(|| anyhow::anyhow!("envoy pid"))?;
     let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
-    let kvroute = stack.envoy.url("/v1/completions");
-    let plain = stack.envoy.plain_url("/v1/completions");
+    let kvroute = stack.envoy().url("/v1/completions");
+    let plain = stack.envoy().plain_url("/v1/completions");
     println!("\n### Envoy CPU per streamed request (ms; {n} sequential requests per cell and listener)\n");
     println!("| prompt tokens | streamed tokens | plain listener | kvroute, stream with usage | ratio | kvroute, stream without usage | ratio |");
     println!("|---|---|---|---|---|---|---|");

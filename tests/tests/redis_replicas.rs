@@ -29,6 +29,7 @@
 //!   with scraping weigh by a calibrated, timing-dependent cost;
 //! - speculative credit outlives the test (`speculative_ttl_ms`), so "holds the prefix" does not
 //!   depend on when KV events arrive.
+//!
 //! The single-instance reference is the same burst (another new prefix, same length, same
 //! idle fleet) all sent through one Envoy, i.e. decided by one replica alone. Random
 //! tie-breaking may pick different worker ids, so the comparison is on the per-worker counts
@@ -217,9 +218,9 @@ async fn index_blocks(s: &ReplicaStack, w: usize) -> Result<Vec<u64>> {
 
 /// Waits until every replica's index holds `blocks` more blocks of worker `w` than `before`.
 async fn wait_index(s: &ReplicaStack, w: usize, before: &[u64], blocks: u64) -> Result<()> {
-    for r in 0..REPLICAS {
-        wait_for(&format!("replica {r}: worker {w} index >= {}", before[r] + blocks), Duration::from_secs(20), || async {
-            (s.worker_view(r, w).await.ok()?["index_blocks"].as_u64()? >= before[r] + blocks).then_some(())
+    for (r, b) in before.iter().enumerate().take(REPLICAS) {
+        wait_for(&format!("replica {r}: worker {w} index >= {}", b + blocks), Duration::from_secs(20), || async {
+            (s.worker_view(r, w).await.ok()?["index_blocks"].as_u64()? >= b + blocks).then_some(())
         })
         .await?;
     }

@@ -153,7 +153,7 @@ async fn official_sdks_raise_their_rate_limit_errors_when_a_tenant_budget_is_spe
     })
     .await?;
 
-    let envoy = s.envoy.url("");
+    let envoy = s.envoy().url("");
     let (py2, keys_json) = (py.clone(), keys.to_string());
     let started = std::time::Instant::now();
     let summary = tokio::task::spawn_blocking(move || script(&py2, &["run", &envoy, MODEL, &keys_json])).await??;

@@ -70,7 +70,7 @@ async fn worker_count(client: &reqwest::Client, worker: &str, messages: &Value) 
 async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
     let state = StateToml { top: format!("admin_token = \"{ADMIN}\""), ..StateToml::default() };
     let stack = Stack::start(StackOptions { workers: 4, state, ..StackOptions::default() }).await?;
-    let url = format!("http://127.0.0.1:{}", stack.envoy.port);
+    let url = format!("http://127.0.0.1:{}", stack.envoy().port);
     let mut last = Value::Null;
     for stream in [false, true] {
         let run = tokio::task::spawn_blocking({
@@ -86,7 +86,7 @@ async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
         }
     }
     // count_tokens and the retrieves are no fallbacks: nothing fell back at all.
-    let stats = stack.client.get(format!("http://127.0.0.1:{}/stats?filter=kvroute_fallback", stack.envoy.admin_port)).send().await?.text().await?;
+    let stats = stack.client.get(format!("http://127.0.0.1:{}/stats?filter=kvroute_fallback", stack.envoy().admin_port)).send().await?.text().await?;
     let fell_back: Vec<&str> = stats.lines().filter(|l| !l.ends_with(": 0")).collect();
     assert!(fell_back.is_empty(), "{fell_back:?}");
 

@@ -108,7 +108,7 @@ fn jwt_authn(jwks: &str) -> String {
 /// One completion through the TLS listener with curl (from `source` address, with the
 /// client certificate when `cert`, extra headers); returns the HTTP status.
 fn curl(stack: &Stack, pki: &Pki, source: &str, cert: bool, headers: &[String]) -> Result<u16> {
-    let url = format!("https://127.0.0.1:{}/v1/completions", stack.envoy.port);
+    let url = format!("https://127.0.0.1:{}/v1/completions", stack.envoy().port);
     let body = json!({ "model": MODEL, "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 2 }).to_string();
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "30", "--interface", source, "--cacert"])
@@ -210,18 +210,18 @@ async fn identity_required_answers_401_in_the_api_shape() -> Result<()> {
     let client = reqwest::Client::new();
     let chat = json!({ "model": MODEL, "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 2 });
     let messages = json!({ "model": MODEL, "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 2 });
-    let resp = client.post(stack.envoy.url("/v1/chat/completions")).bearer_auth("sk-wrong").json(&chat).send().await?;
+    let resp = client.post(stack.envoy().url("/v1/chat/completions")).bearer_auth("sk-wrong").json(&chat).send().await?;
     assert_eq!(resp.status(), 401);
     let body: Value = resp.json().await?;
     assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
-    let resp = client.post(stack.envoy.url("/v1/messages")).json(&messages).send().await?;
+    let resp = client.post(stack.envoy().url("/v1/messages")).json(&messages).send().await?;
     assert_eq!(resp.status(), 401);
     let body: Value = resp.json().await?;
     assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("authentication_error")), "{body}");
-    let ok = client.post(stack.envoy.url("/v1/chat/completions")).bearer_auth(key).json(&chat).send().await?;
+    let ok = client.post(stack.envoy().url("/v1/chat/completions")).bearer_auth(key).json(&chat).send().await?;
     assert_eq!(ok.status(), 200);
     // A stored response is behind the same identity.
-    assert_eq!(client.get(stack.envoy.url("/v1/responses/resp_0123")).send().await?.status(), 401);
+    assert_eq!(client.get(stack.envoy().url("/v1/responses/resp_0123")).send().await?.status(), 401);
     // Only the identified request was picked.
     let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
     let picks: f64 = metrics.lines().filter(|l| l.starts_with("kvroute_picks_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();

@@ -105,7 +105,7 @@ async fn noisy_neighbour() -> Result<()> {
     let state = StateToml { top: format!("admin_token = \"{ADMIN}\""), tables, ..StateToml::default() };
     let stack = Stack::start(StackOptions { plugin, state, workers: 2, time_scale: 1.0, ..StackOptions::default() }).await?;
     let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
-    let url = stack.envoy.url("/v1/completions");
+    let url = stack.envoy().url("/v1/completions");
     let per_request = (PROMPT as f64) + f64::from(OUTPUT);
     let budget_rate = BUDGET as f64 / per_request / 60.0;
     let (b_rate, a_rate, secs) = (budget_rate / 2.0, budget_rate * 5.0, 30.0);
