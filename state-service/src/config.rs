@@ -51,6 +51,9 @@ impl Config {
         if let Some(t) = cli.affinity_tolerance {
             config.affinity_tolerance = t;
         }
+        if let Some(w) = cli.queue_externality {
+            config.queue_externality = w;
+        }
         // Credentials come from the environment or files, never argv (visible to every user).
         if let Ok(token) = std::env::var("KVROUTE_ADMIN_TOKEN") {
             config.admin_token = Some(token);

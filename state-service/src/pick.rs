@@ -19,7 +19,7 @@ use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
 use crate::score::peers::{self, PeerView, Request};
 use crate::types::BlockKey;
-use crate::score::{choose, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
+use crate::score::{choose, placement_cost, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 use rand::RngCore;
@@ -37,6 +37,8 @@ pub struct Candidate {
     /// `matched` for text chunks, and for policies that never read it).
     pub learned: u32,
     pub prediction: Prediction,
+    /// What kvroute minimises ([`placement_cost`]).
+    pub cost_ms: f64,
     /// What the peer policies read.
     pub peer: PeerView,
 }
@@ -116,7 +118,7 @@ pub(crate) fn plan(state: &AppState, policy: Policy, req: &PickRequest, view: Mo
     let candidates = candidates(state, policy, view.workers, &prompt, continued, now);
     let choices: Vec<Choice> = candidates
         .iter()
-        .map(|c| Choice { ttft_ms: c.prediction.ttft_ms, matched_blocks: c.matched, learned_blocks: c.learned, load: c.load.outstanding(), peer: c.peer })
+        .map(|c| Choice { cost_ms: c.cost_ms, matched_blocks: c.matched, learned_blocks: c.learned, load: c.load.outstanding(), peer: c.peer })
         .collect();
     let ctx = Context {
         tolerance: state.config.affinity_tolerance,
@@ -245,6 +247,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
             let tokens = matched.saturating_mul(prompt.tokens_per_key).saturating_add(continued).min(prompt.prompt_tokens);
             let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
             let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
+            let cost_ms = placement_cost(&prediction, &load, &cost, state.config.queue_externality);
             let set = sets.as_ref().and_then(|s| s.get(i).copied()).unwrap_or_default();
             let exact = prompt.exact;
             let peer = PeerView {
@@ -259,7 +262,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
                 active_blocks: (worker.pending.in_flight_tokens + worker.pending.max_cached_tokens) / u64::from(prompt.tokens_per_key.max(1)),
                 active_prefix_blocks: worker.pending.max_cached_tokens / u64::from(prompt.tokens_per_key.max(1)),
             };
-            Candidate { worker: worker.entry.clone(), load, matched, learned, prediction, peer }
+            Candidate { worker: worker.entry.clone(), load, matched, learned, prediction, cost_ms, peer }
         })
         .collect()
 }

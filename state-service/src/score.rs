@@ -23,8 +23,8 @@ pub mod selector;
 
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
-pub use model::{predict, Cached, Cost, Features, LoadView, Prediction};
-pub use select::{choose, pick_fastest, pick_min, Choice, Context, Scored};
+pub use model::{placement_cost, predict, Cached, Cost, Features, LoadView, Prediction};
+pub use select::{choose, pick_cheapest, pick_min, Choice, Context, Scored};
 pub use selector::{PickRng, Selector};
 
 use serde::{Deserialize, Serialize};

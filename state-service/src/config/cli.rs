@@ -22,6 +22,9 @@ pub struct Cli {
     /// Overrides `affinity_tolerance` (0..=1).
     #[arg(long, env = "KVROUTE_AFFINITY_TOLERANCE")]
     pub affinity_tolerance: Option<f64>,
+    /// Overrides `queue_externality` (0..=10).
+    #[arg(long, env = "KVROUTE_QUEUE_EXTERNALITY")]
+    pub queue_externality: Option<f64>,
     /// Overrides `tokenization.default_tokenizer_dir` (models without their own `tokenizer_dir`).
     #[arg(long, env = "KVROUTE_TOKENIZER_DIR")]
     pub tokenizer_dir: Option<PathBuf>,

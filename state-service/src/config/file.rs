@@ -39,6 +39,10 @@ pub struct Config {
     /// workers under load (p90 4.5 s, hit ratio 74%), 0.3 and 0.6 kept them (p90 3.5 s,
     /// 85%); the online calibration underestimates prefill cost under batching by ~30%.
     pub affinity_tolerance: f64,
+    /// kvroute policy: the weight of a placement's cost to the requests queued behind it
+    /// (score::model::placement_cost): 1 charges each waiting request the prefill it would
+    /// wait for, 0 picks on predicted TTFT alone.
+    pub queue_externality: f64,
     pub timeouts: Timeouts,
     /// Defaults for every worker's cost model; a worker may override them.
     pub priors: Priors,
@@ -76,6 +80,7 @@ impl Default for Config {
             approx_capacity: 100_000,
             unhealthy_after: 3,
             affinity_tolerance: 0.3,
+            queue_externality: 1.0,
             timeouts: Timeouts::default(),
             priors: Priors::default(),
             models: BTreeMap::new(),

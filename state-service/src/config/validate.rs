@@ -62,6 +62,9 @@ impl Config {
         if !(0.0..=1.0).contains(&self.affinity_tolerance) {
             return Err(invalid("affinity_tolerance", "must be between 0 and 1"));
         }
+        if !(0.0..=10.0).contains(&self.queue_externality) {
+            return Err(invalid("queue_externality", "must be between 0 and 10"));
+        }
         if self.unhealthy_after == 0 {
             return Err(invalid("unhealthy_after", "must be > 0"));
         }

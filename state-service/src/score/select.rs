@@ -3,7 +3,9 @@
 //! Scores within [`TIE_MS`] of each other count as equal: float noise must not decide
 //! placement, load should.
 //!
-//! The kvroute policy ([`pick_fastest`]) widens the tie: TTFT predictions are estimates, and
+//! The kvroute policy ([`pick_cheapest`]) minimises each candidate's placement cost (its
+//! predicted TTFT plus what its prefill costs the requests queued behind it:
+//! [`super::model::placement_cost`]) and widens the tie: predictions are estimates, and
 //! within their error the worker that reuses the longest cached prefix is the better bet for
 //! the fleet. The typical case is a burst sharing a new prefix: the second request predicts
 //! about the same TTFT on the worker prefilling that prefix (it waits, then reuses it) as on
@@ -37,13 +39,13 @@ pub fn pick_min<R: Rng + ?Sized>(candidates: &[Scored], rng: &mut R) -> Option<u
     Some(tied[rng.gen_range(0..tied.len())])
 }
 
-/// Index of the candidate with the lowest predicted TTFT, where every prediction within
+/// Index of the candidate with the lowest placement cost, where every cost within
 /// `tolerance` (relative, e.g. 0.1 = 10%) of the lowest counts as tied; ties go to the most
 /// matched blocks, then the least load, then random.
-pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Choice], tolerance: f64, rng: &mut R) -> Option<usize> {
-    let best = candidates.iter().map(|c| c.ttft_ms).fold(f64::INFINITY, f64::min);
+pub fn pick_cheapest<R: Rng + ?Sized>(candidates: &[Choice], tolerance: f64, rng: &mut R) -> Option<usize> {
+    let best = candidates.iter().map(|c| c.cost_ms).fold(f64::INFINITY, f64::min);
     let limit = best * (1.0 + tolerance.max(0.0)) + TIE_MS;
-    let near = |c: &&Choice| c.ttft_ms <= limit || (best.is_infinite() && c.ttft_ms.is_infinite());
+    let near = |c: &&Choice| c.cost_ms <= limit || (best.is_infinite() && c.cost_ms.is_infinite());
     let most_matched = candidates.iter().filter(near).map(|c| c.matched_blocks).max()?;
     let scored: Vec<Scored> = candidates
         .iter()
@@ -58,7 +60,9 @@ pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Choice], tolerance: f64, rng:
 /// What a policy sees of one candidate worker.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Choice {
-    pub ttft_ms: f64,
+    /// What kvroute minimises: predicted TTFT plus the prefill's cost to the requests queued
+    /// behind it ([`super::model::placement_cost`]).
+    pub cost_ms: f64,
     /// Leading prompt blocks it holds (KV index or speculative credit, or learned text
     /// chunks when the prompt has no exact keys).
     pub matched_blocks: u32,
@@ -95,7 +99,7 @@ pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], ctx: &Cont
         Policy::LeastLoaded => pick_min(&by(&|c| c.load as f64), rng),
         // Learned routing only, never the KV index: the baseline of routers without KV events.
         Policy::ApproxPrefix => pick_min(&by(&|c| -f64::from(c.learned_blocks)), rng),
-        Policy::Kvroute => pick_fastest(candidates, tolerance, rng),
+        Policy::Kvroute => pick_cheapest(candidates, tolerance, rng),
         Policy::SglangCacheAware | Policy::LlmdDefault | Policy::DynamoKv => {
             let views: Vec<PeerView> = candidates.iter().map(|c| c.peer).collect();
             Some(match policy {
@@ -129,22 +133,22 @@ mod tests {
         assert_eq!(seen, BTreeSet::from([0, 2, 3]));
     }
 
-    fn t(ttft_ms: f64, matched_blocks: u32, load: u64) -> Choice {
-        Choice { ttft_ms, matched_blocks, learned_blocks: 0, load, peer: PeerView::default() }
+    fn t(cost_ms: f64, matched_blocks: u32, load: u64) -> Choice {
+        Choice { cost_ms, matched_blocks, learned_blocks: 0, load, peer: PeerView::default() }
     }
 
     #[test]
     fn near_ties_go_to_the_longest_cached_prefix() {
         let mut rng = StdRng::seed_from_u64(3);
         // The warm worker is 5% slower: within 10%, it keeps the prefix's group together.
-        assert_eq!(pick_fastest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.1, &mut rng), Some(1));
+        assert_eq!(pick_cheapest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.1, &mut rng), Some(1));
         // 20% slower is beyond the tolerance: the fastest wins.
-        assert_eq!(pick_fastest(&[t(1000.0, 0, 0), t(1200.0, 375, 1)], 0.1, &mut rng), Some(0));
+        assert_eq!(pick_cheapest(&[t(1000.0, 0, 0), t(1200.0, 375, 1)], 0.1, &mut rng), Some(0));
         // No tolerance: plain fastest.
-        assert_eq!(pick_fastest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.0, &mut rng), Some(0));
+        assert_eq!(pick_cheapest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.0, &mut rng), Some(0));
         // Equal match: load decides among the near ones.
-        assert_eq!(pick_fastest(&[t(1000.0, 3, 5), t(1020.0, 3, 1), t(5000.0, 9, 0)], 0.1, &mut rng), Some(1));
-        assert_eq!(pick_fastest(&[], 0.1, &mut rng), None);
+        assert_eq!(pick_cheapest(&[t(1000.0, 3, 5), t(1020.0, 3, 1), t(5000.0, 9, 0)], 0.1, &mut rng), Some(1));
+        assert_eq!(pick_cheapest(&[], 0.1, &mut rng), None);
     }
 
     #[test]
@@ -155,8 +159,8 @@ mod tests {
         assert_eq!(a, b);
     }
 
-    fn c(ttft_ms: f64, matched_blocks: u32, learned_blocks: u32, load: u64) -> Choice {
-        Choice { ttft_ms, matched_blocks, learned_blocks, load, peer: PeerView::default() }
+    fn c(cost_ms: f64, matched_blocks: u32, learned_blocks: u32, load: u64) -> Choice {
+        Choice { cost_ms, matched_blocks, learned_blocks, load, peer: PeerView::default() }
     }
 
     fn ctx(ticket: u64) -> Context {
