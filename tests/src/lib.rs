@@ -10,6 +10,7 @@
 //!   against each host ([`host::hosts`]).
 //! - [`redis`], [`replicas`]: `redis-server` shards and several state-service replicas
 //!   (`store = "redis"`), each behind its own Envoy, in front of the same workers.
+//! - [`overhead`]: the request-path overhead benchmarks' state service, prompts and cells.
 //! - [`fake`]: in-process fixtures (a fake state service and fake workers) for testing the
 //!   filter's protocol handling independently of the real services.
 
@@ -19,6 +20,7 @@ pub mod host;
 pub mod llm;
 pub mod net;
 pub mod nginx;
+pub mod overhead;
 pub mod paths;
 pub mod proc;
 pub mod redis;

@@ -4,12 +4,16 @@
 //! - `added_latency`: sequential small requests straight to a fake worker, through Envoy on a
 //!   pass-through path, and through Envoy on an LLM path (body buffering + parse + pick round
 //!   trip to a fake state service that answers at once) in both routing modes.
-//! - `overhead_vs_round_robin` (the request-path overhead benchmark; figures in `tests/LATENCY.md`):
+//! - `overhead_vs_round_robin` (the request-path overhead benchmark; figures in `tests/LATENCY.md`;
+//!   its parts are in `kvroute_e2e::overhead`):
 //!   one Envoy with two listeners in front of the same fake workers (answer at once): a plain
 //!   round-robin listener (router only) and the kvroute listener (filter + pick to the REAL
 //!   `kvroute-state`, policy kvroute). 1k / 8k / 32k-token prompts as token ids, as text routed
 //!   on text chunks (no tokenizer) and as text tokenized by the state service's local tokenizer
 //!   (Qwen3 fixture). Then Envoy's memory with and without the module at several `--concurrency`.
+//! - `nginx_overhead_vs_plain_location`: the same cells through NGINX with ngx_wasm_module
+//!   (`KVROUTE_NGINX`): a kvroute server against the same NGINX's plain server.
+//! - The CPU per streamed request is in `cpu.rs`.
 
 use anyhow::Result;
 use kvroute_e2e::envoy::{worker_cluster, Envoy, EnvoyOptions, Mode};
@@ -78,267 +82,10 @@ async fn real_state_service_pick_latency() -> Result<()> {
 // Overhead on the request path (filter vs plain Envoy; tests/LATENCY.md).
 
 use kvroute_e2e::envoy::EnvoyExtra;
-use kvroute_e2e::llm::{decision_field, tokens};
-use kvroute_e2e::net::{free_port, wait_for, wait_http_ok};
-use kvroute_e2e::proc::Proc;
-use std::path::PathBuf;
+use kvroute_e2e::host::{Host, Proxy};
+use kvroute_e2e::llm::tokens;
+use kvroute_e2e::overhead::{body, cell, pct, post, samples_per_cell, text_prompt, tokenizer_fixture, Cell, PromptKind, RealState, BENCH_MODEL, SIZES, WARMUP};
 use std::time::Duration;
-
-const BENCH_MODEL: &str = "kvroute/bench";
-const SIZES: [usize; 3] = [1024, 8192, 32768];
-const WARMUP: usize = 50;
-/// Per-cell time bound: a cell stops early (and says so) rather than run for minutes.
-const CELL_BUDGET: Duration = Duration::from_secs(90);
-
-fn samples_per_cell() -> usize {
-    std::env::var("KVROUTE_LATENCY_N").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
-}
-
-/// The real state service (release build) configured with the fake workers (endpoint, cluster,
-/// vLLM `/metrics`; no KV events). Text prompts: `worker_fallback = false` (fake workers have
-/// no `/tokenize`), so they take the local tokenizer when `tokenizer` is given, else text chunks.
-struct RealState {
-    proc: Proc,
-    port: u16,
-}
-
-impl RealState {
-    async fn start(workers: &[FakeWorker], tokenizer: Option<&PathBuf>) -> Result<RealState> {
-        let port = free_port();
-        let mut toml = format!(
-            "listen = \"127.0.0.1:{port}\"\npolicy = \"kvroute\"\nseed = 7\n\n[tokenization]\nworker_fallback = false\n\n\
-             [models.\"{BENCH_MODEL}\"]\nblock_size = 16\n"
-        );
-        if let Some(dir) = tokenizer {
-            toml.push_str(&format!("tokenizer_dir = {:?}\n", dir.display().to_string()));
-        }
-        for (i, w) in workers.iter().enumerate() {
-            toml.push_str(&format!(
-                "\n[[workers]]\nid = \"{}\"\nmodel = \"{BENCH_MODEL}\"\nendpoint = \"{}\"\ncluster = \"{}\"\nmetrics_url = \"http://{}/metrics\"\n",
-                w.name,
-                w.addr(),
-                worker_cluster(i),
-                w.addr()
-            ));
-        }
-        let config = std::env::temp_dir().join(format!("kvroute-e2e-latency-state-{port}.toml"));
-        std::fs::write(&config, toml)?;
-        let bin = state_release_bin()?;
-        let mut proc = Proc::spawn("state", &bin, &["--config".to_string(), config.display().to_string()])?;
-        if let Err(e) = wait_http_ok(&format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(60)).await {
-            proc.check_alive()?;
-            return Err(e);
-        }
-        let n = workers.len();
-        let url = format!("http://127.0.0.1:{port}/v1/workers");
-        wait_for("every fake worker healthy in kvroute-state", Duration::from_secs(30), || async {
-            let v: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
-            let healthy = v["workers"].as_array()?.iter().filter(|w| w["healthy"].as_bool() == Some(true)).count();
-            (healthy == n).then_some(())
-        })
-        .await?;
-        Ok(RealState { proc, port })
-    }
-
-    /// (pick decision seconds, picks, tokenization seconds, tokenizations) so far, from the
-    /// `kvroute_pick_latency_seconds` and `kvroute_tokenize_seconds` histograms (all labels).
-    async fn sums(&self) -> [f64; 4] {
-        let text = match reqwest::get(format!("http://127.0.0.1:{}/metrics", self.port)).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        let total = |name: &str| -> f64 {
-            text.lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
-        [
-            total("kvroute_pick_latency_seconds_sum"),
-            total("kvroute_pick_latency_seconds_count"),
-            total("kvroute_tokenize_seconds_sum"),
-            total("kvroute_tokenize_seconds_count"),
-        ]
-    }
-
-    /// `kvroute_tokenization_total` lines of the state service's metrics.
-    async fn tokenization_counts(&self) -> String {
-        let text = match reqwest::get(format!("http://127.0.0.1:{}/metrics", self.port)).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        text.lines().filter(|l| l.starts_with("kvroute_tokenization_total")).collect::<Vec<_>>().join(", ")
-    }
-}
-
-/// `target/release/kvroute-state` (`$KVROUTE_STATE_BIN` overrides): the benchmark measures
-/// the optimized service. Not built here: `cargo build --release -p kvroute-state` first.
-fn state_release_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("KVROUTE_STATE_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| kvroute_e2e::paths::repo_root().join("target"));
-    let bin = target.join("release/kvroute-state");
-    anyhow::ensure!(bin.is_file(), "{} missing: run `cargo build --release -p kvroute-state` first", bin.display());
-    Ok(bin)
-}
-
-#[derive(Copy, Clone, Debug, PartialEq)]
-enum PromptKind {
-    TokenIds,
-    TextChunks,
-    TextTokenizer,
-    /// A raw ChatML prompt: the same long system message in every request, a distinct 32-word
-    /// user message. The tokenizer caches text between special tokens (pieces), so the system
-    /// message hits its cache. (A plain text prompt is one piece: any change misses.)
-    TextTokenizerShared,
-}
-
-impl PromptKind {
-    fn label(self) -> &'static str {
-        match self {
-            PromptKind::TokenIds => "token ids",
-            PromptKind::TextChunks => "text (text chunks)",
-            PromptKind::TextTokenizer => "text (local tokenizer)",
-            PromptKind::TextTokenizerShared => "text (local tokenizer, ChatML, shared system message)",
-        }
-    }
-}
-
-/// Common English words, each one token with its leading space in Qwen3/GPT-style BPE, so
-/// `n` words are about `n` tokens (the tokenizer cells print the state service's count).
-const WORDS: [&str; 64] = [
-    "the", "of", "and", "to", "in", "is", "that", "for", "it", "with", "as", "was", "on", "be", "at", "by", "this", "had", "not",
-    "are", "but", "from", "or", "have", "an", "they", "which", "one", "you", "were", "her", "all", "she", "there", "would",
-    "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its",
-    "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these",
-];
-
-fn text_prompt(seed: u32, n: usize) -> String {
-    let mut x = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut s = String::with_capacity(n * 5);
-    for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.push(' ');
-        s.push_str(WORDS[(x >> 58) as usize]);
-    }
-    s
-}
-
-/// A distinct prompt per request: the fake workers publish no KV events, so every pick is a
-/// full-length lookup that finds nothing (only the state service's own speculative credit),
-/// plus scoring. `TextTokenizerShared` prompts differ only in their user message.
-fn body(kind: PromptKind, seed: u32, n: usize) -> Vec<u8> {
-    let prompt = match kind {
-        PromptKind::TokenIds => json!(tokens(seed, n)),
-        PromptKind::TextTokenizerShared => json!(format!(
-            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
-            text_prompt(7, n - 48),
-            text_prompt(seed, 32)
-        )),
-        _ => json!(text_prompt(seed, n)),
-    };
-    serde_json::to_vec(&json!({"model": BENCH_MODEL, "prompt": prompt, "max_tokens": 1})).unwrap_or_default()
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-struct Cell {
-    kind: PromptKind,
-    tokens: usize,
-    body_kib: usize,
-    n: usize,
-    plain: (f64, f64),
-    kvroute: (f64, f64),
-    /// Responses on the kvroute listener without a state-service choice (fallback route).
-    unrouted: usize,
-    /// `total=` blocks of the last decision (x 16 = prompt tokens as the state service keyed them).
-    total_blocks: String,
-    /// Mean time inside the state service (ms): deciding the pick, tokenizing (0 when it did not).
-    state_decide_ms: f64,
-    state_tokenize_ms: f64,
-}
-
-async fn post(client: &reqwest::Client, url: &str, body: &[u8]) -> Result<(f64, reqwest::header::HeaderMap)> {
-    let t = Instant::now();
-    let r = client.post(url).header("content-type", "application/json").body(body.to_vec()).send().await?;
-    let status = r.status();
-    let headers = r.headers().clone();
-    r.bytes().await?;
-    let ms = t.elapsed().as_secs_f64() * 1000.0;
-    anyhow::ensure!(status.is_success(), "{url}: {status}");
-    Ok((ms, headers))
-}
-
-/// Sequential requests alternating between the plain and the kvroute listener (order swapped
-/// every request), so both see the same machine load over the run.
-async fn cell(client: &reqwest::Client, envoy: &Envoy, state: &RealState, kind: PromptKind, n_tokens: usize, n: usize, seed0: u32) -> Result<Cell> {
-    let (plain_url, kv_url) = (envoy.plain_url("/v1/completions"), envoy.url("/v1/completions"));
-    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut unrouted, mut total_blocks, mut body_kib) = (0, String::new(), 0);
-    let start = Instant::now();
-    let mut before = [0.0; 4];
-    for i in 0..WARMUP + n {
-        let bytes = body(kind, seed0 + i as u32, n_tokens);
-        body_kib = bytes.len() / 1024;
-        let kv_first = i % 2 == 1;
-        let (ta, (tb, h)) = if kv_first {
-            let kv = post(client, &kv_url, &bytes).await?;
-            (post(client, &plain_url, &bytes).await?.0, kv)
-        } else {
-            let plain = post(client, &plain_url, &bytes).await?.0;
-            (plain, post(client, &kv_url, &bytes).await?)
-        };
-        let decision = h.get("x-kvroute-decision").and_then(|v| v.to_str().ok()).unwrap_or("");
-        if decision_field(decision, "worker").unwrap_or_default().is_empty() {
-            unrouted += 1;
-        }
-        total_blocks = decision_field(decision, "total").unwrap_or_default();
-        if i + 1 == WARMUP {
-            before = state.sums().await;
-        }
-        if i >= WARMUP {
-            a.push(ta);
-            b.push(tb);
-            if start.elapsed() > CELL_BUDGET {
-                break;
-            }
-        }
-    }
-    let after = state.sums().await;
-    let mean_ms = |sum: usize, count: usize| {
-        let c = after[count] - before[count];
-        if c > 0.0 { (after[sum] - before[sum]) / c * 1000.0 } else { 0.0 }
-    };
-    a.sort_by(|x, y| x.total_cmp(y));
-    b.sort_by(|x, y| x.total_cmp(y));
-    Ok(Cell {
-        state_decide_ms: mean_ms(0, 1),
-        state_tokenize_ms: mean_ms(2, 3),
-        kind,
-        tokens: n_tokens,
-        body_kib,
-        n: a.len(),
-        plain: (pct(&a, 0.5), pct(&a, 0.99)),
-        kvroute: (pct(&b, 0.5), pct(&b, 0.99)),
-        unrouted,
-        total_blocks,
-    })
-}
-
-fn tokenizer_fixture() -> Option<PathBuf> {
-    let out = std::process::Command::new("bash").arg(kvroute_e2e::paths::repo_root().join("tokenize/fetch-tokenizer.sh")).output().ok()?;
-    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    (out.status.success() && dir.join("tokenizer.json").is_file()).then_some(dir)
-}
 
 async fn start_envoy(workers: &[FakeWorker], state_port: u16, extra: EnvoyExtra) -> Result<Envoy> {
     Envoy::start_with(
@@ -395,56 +142,51 @@ async fn memory(workers: &[FakeWorker], state_port: u16, wasm: bool, concurrency
     Ok(Mem { wasm, concurrency, rss_idle_kib, alloc_idle, rss_kib, alloc, conns_per_thread: conns.into_iter().map(|c| c.1).collect(), vms })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: prints figures (tests/LATENCY.md)"]
-async fn overhead_vs_round_robin() -> Result<()> {
-    let n = samples_per_cell();
-    let workers = vec![
-        FakeWorker::start_unrecorded("A").await?,
-        FakeWorker::start_unrecorded("B").await?,
-        FakeWorker::start_unrecorded("C").await?,
-        FakeWorker::start_unrecorded("D").await?,
-    ];
+/// Every cell through `host`: its kvroute route against the same proxy's plain route, in front of
+/// the same fake workers. Stage 1: the state service without a tokenizer (token ids, text on
+/// text chunks); stage 2: one with the local tokenizer (when the fixture is there).
+async fn overhead_cells(host: &Host, workers: &[FakeWorker], n: usize) -> Result<(Vec<Cell>, Vec<String>)> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let mut cells = Vec::new();
-    let mut notes = Vec::new();
-
-    // Stage 1: state service without a tokenizer: token-id prompts and text on text chunks.
-    let state = RealState::start(&workers, None).await?;
+    let (mut cells, mut notes) = (Vec::new(), Vec::new());
+    let start = |state_port: u16| {
+        let opts = EnvoyOptions { mode: Mode::Endpoint, worker_ports: workers.iter().map(|w| w.port).collect(), state_port, plugin: json!({}) };
+        Proxy::start(host, opts, EnvoyExtra { plain_listener: true, ..EnvoyExtra::default() })
+    };
+    let state = RealState::start(workers, None).await?;
     {
-        let envoy = start_envoy(&workers, state.port, EnvoyExtra { plain_listener: true, ..EnvoyExtra::default() }).await?;
+        let proxy = start(state.port).await?;
         for kind in [PromptKind::TokenIds, PromptKind::TextChunks] {
             for (s, tokens) in SIZES.iter().enumerate() {
-                let c = cell(&client, &envoy, &state, kind, *tokens, n, 1_000_000 * (1 + s as u32) + 100_000 * kind as u32).await?;
-                eprintln!("done: {} {} (n {})", kind.label(), tokens, c.n);
+                let c = cell(&client, &proxy, &state, kind, *tokens, n, 1_000_000 * (1 + s as u32) + 100_000 * kind as u32).await?;
+                eprintln!("{host} done: {} {} (n {})", kind.label(), tokens, c.n);
                 cells.push(c);
             }
         }
         notes.push(format!("state (no tokenizer): {}", state.tokenization_counts().await));
     }
-
-    // Stage 2: the same with the state service's local tokenizer for text prompts.
     match tokenizer_fixture() {
         Some(dir) => {
-            let tok_state = RealState::start(&workers, Some(&dir)).await?;
-            let envoy = start_envoy(&workers, tok_state.port, EnvoyExtra { plain_listener: true, ..EnvoyExtra::default() }).await?;
+            let tok_state = RealState::start(workers, Some(&dir)).await?;
+            let proxy = start(tok_state.port).await?;
             for kind in [PromptKind::TextTokenizer, PromptKind::TextTokenizerShared] {
                 for (s, tokens) in SIZES.iter().enumerate() {
-                    let c = cell(&client, &envoy, &tok_state, kind, *tokens, n, 5_000_000 * kind as u32 + 1_000_000 * s as u32).await?;
-                    eprintln!("done: {} {} (n {})", c.kind.label(), tokens, c.n);
+                    let c = cell(&client, &proxy, &tok_state, kind, *tokens, n, 5_000_000 * kind as u32 + 1_000_000 * s as u32).await?;
+                    eprintln!("{host} done: {} {} (n {})", c.kind.label(), tokens, c.n);
                     cells.push(c);
                 }
             }
             notes.push(format!("state (tokenizer {}): {}", dir.display(), tok_state.tokenization_counts().await));
-            drop(tok_state.proc);
         }
         None => notes.push("tokenizer fixture unavailable (tokenize/fetch-tokenizer.sh): local-tokenizer cells skipped".into()),
     }
+    Ok((cells, notes))
+}
 
-    println!("\n### Added latency (sequential requests, {WARMUP} warm-up, up to {n} measured per cell; ms)\n");
-    println!("| prompt | tokens | body KiB | n | round robin p50 | p99 | kvroute p50 | p99 | added p50 | added p99 | state decide mean | state tokenize mean | unrouted | decision total blocks |");
+fn print_cells(host: &Host, cells: &[Cell], notes: &[String], n: usize) {
+    println!("\n### Added latency through {host} (sequential requests, {WARMUP} warm-up, up to {n} measured per cell; ms)\n");
+    println!("| prompt | tokens | body KiB | n | plain p50 | p99 | kvroute p50 | p99 | added p50 | added p99 | state decide mean | state tokenize mean | unrouted | decision total blocks |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for c in &cells {
+    for c in cells {
         println!(
             "| {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | **{:.3}** | **{:.3}** | {:.3} | {:.3} | {} | {} |",
             c.kind.label(),
@@ -463,9 +205,27 @@ async fn overhead_vs_round_robin() -> Result<()> {
             c.total_blocks
         );
     }
-    for note in &notes {
+    for note in notes {
         println!("\n{note}");
     }
+}
+
+async fn four_workers() -> Result<Vec<FakeWorker>> {
+    let mut workers = Vec::new();
+    for name in ["A", "B", "C", "D"] {
+        workers.push(FakeWorker::start_unrecorded(name).await?);
+    }
+    Ok(workers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures (tests/LATENCY.md)"]
+async fn overhead_vs_round_robin() -> Result<()> {
+    let n = samples_per_cell();
+    let workers = four_workers().await?;
+    let (cells, notes) = overhead_cells(&Host::Envoy, &workers, n).await?;
+    print_cells(&Host::Envoy, &cells, &notes, n);
+    let state = RealState::start(&workers, None).await?;
 
     // Memory: the same Envoy config with and without the module, at several --concurrency.
     let mut mems = Vec::new();
@@ -518,6 +278,25 @@ async fn overhead_vs_round_robin() -> Result<()> {
         }
     }
     drop(state.proc);
+    Ok(())
+}
+
+/// The same cells through NGINX with ngx_wasm_module (`KVROUTE_NGINX`): the kvroute server
+/// (filter + pick to the real state service, `proxy_pass` to the chosen worker) against the same
+/// NGINX's plain server (`proxy_pass http://workers_default`, no filter, NGINX's round robin)
+/// in front of the same fake workers (tests/LATENCY.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures (tests/LATENCY.md)"]
+async fn nginx_overhead_vs_plain_location() -> Result<()> {
+    let Some(bin) = kvroute_e2e::nginx::binary() else {
+        println!("{}", kvroute_e2e::nginx::SKIP);
+        return Ok(());
+    };
+    let n = samples_per_cell();
+    let workers = four_workers().await?;
+    let host = Host::Nginx(bin);
+    let (cells, notes) = overhead_cells(&host, &workers, n).await?;
+    print_cells(&host, &cells, &notes, n);
     Ok(())
 }
 
@@ -614,82 +393,5 @@ async fn hostile_load_small_picks_keep_flowing() -> Result<()> {
     println!("  alone:                                   p50 {b50:.3} ms  p99 {b99:.3} ms");
     println!("  with {HOSTILE} clients posting {} MiB text picks: p50 {d50:.3} ms  p99 {d99:.3} ms", HOSTILE_BYTES >> 20);
     println!("  hostile picks answered: {hostile_sent}, slowest {hostile_worst:.0} ms; {}", state.tokenization_counts().await);
-    Ok(())
-}
-
-/// Envoy's own CPU time (user + system, clock ticks of /proc/<pid>/stat) in milliseconds.
-fn process_cpu_ms(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command (which may hold spaces) start at the last ')'.
-    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime, stime: fields 14 and 15 of the whole line, 12 and 13 after the command.
-    let hz = 100.0;
-    Ok((ticks(11) + ticks(12)) * 1000.0 / hz)
-}
-
-/// The request-path cost as the team running the proxy sees it (issue 18): Envoy CPU per
-/// streamed request on the kvroute listener vs the same Envoy's plain round-robin listener,
-/// same requests, sequential phases, real state service and simulated workers streaming one
-/// SSE event per token. Token-id prompts of 1k / 8k / 32k tokens, 100 and 1000 streamed tokens.
-/// `KVROUTE_CPU_REQUESTS` (default 60) requests per cell and listener.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: prints figures (tests/LATENCY.md)"]
-async fn cpu_per_streamed_request() -> Result<()> {
-    use kvroute_e2e::envoy::EnvoyExtra;
-    use kvroute_e2e::llm::{completion, tokens};
-    use kvroute_e2e::stack::{Stack, StackOptions, MODEL};
-    let n: usize = std::env::var("KVROUTE_CPU_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
-    // KVROUTE_CPU_MODULE=path.wasm measures another build of the filter (an experiment).
-    let module = std::env::var_os("KVROUTE_CPU_MODULE").map(std::path::PathBuf::from);
-    let envoy = EnvoyExtra { plain_listener: true, module, ..EnvoyExtra::default() };
-    let opts = StackOptions { workers: 2, time_scale: 0.01, envoy, ..StackOptions::default() };
-    let stack = Stack::start(opts).await?;
-    let pid = stack.envoy().proc.pid().ok_or_else(|| anyhow::anyhow!("envoy pid"))?;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
-    let kvroute = stack.envoy().url("/v1/completions");
-    let plain = stack.envoy().plain_url("/v1/completions");
-    println!("\n### Envoy CPU per streamed request (ms; {n} sequential requests per cell and listener)\n");
-    println!("| prompt tokens | streamed tokens | plain listener | kvroute, stream with usage | ratio | kvroute, stream without usage | ratio |");
-    println!("|---|---|---|---|---|---|---|");
-    let mut seed = 7_000_000u32;
-    // The simulated workers' max_model_len is 32768: the "32k" prompt leaves room for 1000 tokens.
-    let default_cells: Vec<(usize, u32)> = [1024, 8192, 31_744].iter().flat_map(|p| [(*p, 100u32), (*p, 1000)]).collect();
-    // KVROUTE_CPU_CELLS=8192:1,8192:100 measures just those (prompt:streamed tokens).
-    let cells: Vec<(usize, u32)> = std::env::var("KVROUTE_CPU_CELLS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|c| c.split_once(':')).filter_map(|(p, o)| Some((p.parse().ok()?, o.parse().ok()?))).collect())
-        .unwrap_or(default_cells);
-    for (prompt, output) in cells {
-        {
-            let mut per = [0.0f64; 3];
-            // `stream_options.include_usage` (llm::completion sets it): the filter reads the
-            // stream for its usage event; without it the stream is only counted.
-            for (i, (url, usage)) in [(&plain, true), (&kvroute, true), (&kvroute, false)].into_iter().enumerate() {
-                let body_for = |seed: u32| {
-                    let mut body = completion(MODEL, &tokens(seed, prompt), output, true);
-                    if !usage {
-                        body.as_object_mut().map(|o| o.remove("stream_options"));
-                    }
-                    body
-                };
-                // Warm-up (JIT, connections), then measure.
-                for _ in 0..3 {
-                    seed += 1;
-                    client.post(url).json(&body_for(seed)).send().await?.bytes().await?;
-                }
-                let before = process_cpu_ms(pid)?;
-                for _ in 0..n {
-                    seed += 1;
-                    let body = body_for(seed);
-                    let resp = client.post(url).json(&body).send().await?;
-                    anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
-                    resp.bytes().await?;
-                }
-                per[i] = (process_cpu_ms(pid)? - before) / n as f64;
-            }
-            println!("| {prompt} | {output} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.2}x |", per[0], per[1], per[1] / per[0], per[2], per[2] / per[0]);
-        }
-    }
     Ok(())
 }
