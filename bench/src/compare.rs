@@ -14,8 +14,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
 /// Every policy the state service knows (its `score::Policy` names).
-pub const POLICIES: [&str; 8] =
-    ["random", "round_robin", "least_loaded", "approx_prefix", "sglang_cache_aware", "llmd_default", "dynamo_kv", "kvroute"];
+pub const POLICIES: [&str; 7] =
+    ["random", "round_robin", "least_loaded", "sglang_cache_aware", "llmd_default", "dynamo_kv", "kvroute"];
 
 /// What a comparison runs unless told otherwise: the plain balancers, the peers users would
 /// deploy instead (SGLang's, llm-d's and Dynamo's published rules with their defaults), kvroute.

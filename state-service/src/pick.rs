@@ -33,9 +33,6 @@ pub struct Candidate {
     /// Leading keys it holds: KV index or speculative credit for exact keys, learned routing
     /// for text chunks.
     pub matched: u32,
-    /// Leading keys learned routing sent to it (what approx_prefix routes on; equal to
-    /// `matched` for text chunks, and for policies that never read it).
-    pub learned: u32,
     pub prediction: Prediction,
     /// What kvroute minimises ([`placement_cost`]).
     pub cost_ms: f64,
@@ -118,7 +115,7 @@ pub(crate) fn plan(state: &AppState, policy: Policy, req: &PickRequest, view: Mo
     let candidates = candidates(state, policy, view.workers, &prompt, continued, now);
     let choices: Vec<Choice> = candidates
         .iter()
-        .map(|c| Choice { cost_ms: c.cost_ms, matched_blocks: c.matched, learned_blocks: c.learned, load: c.load.outstanding(), peer: c.peer })
+        .map(|c| Choice { cost_ms: c.cost_ms, matched_blocks: c.matched, load: c.load.outstanding(), peer: c.peer })
         .collect();
     let ctx = Context {
         tolerance: state.config.affinity_tolerance,
@@ -187,14 +184,13 @@ fn runners_up(candidates: &[Candidate], chosen: usize, n: usize) -> Vec<String> 
     others.iter().take(n).map(|c| c.worker.config.endpoint.clone()).collect()
 }
 
-/// Which prompt limitations degrade which policy: kvroute wants exact keys; approx_prefix
-/// lives on text chunks anyway but loses token keys cut with the wrong block size.
-/// Dynamo, like kvroute, wants exact keys; the approximate routers live on text chunks anyway
-/// but lose token keys cut with the wrong block size.
+/// Which prompt limitations degrade which policy: kvroute and Dynamo want exact keys; the
+/// approximate routers live on text chunks anyway but lose token keys cut with the wrong
+/// block size.
 fn degraded_reason(policy: Policy, limitation: Option<DegradedReason>) -> Option<DegradedReason> {
     match (policy, limitation) {
         (Policy::Kvroute | Policy::DynamoKv, reason) => reason,
-        (Policy::ApproxPrefix | Policy::SglangCacheAware | Policy::LlmdDefault, Some(DegradedReason::DegradedBlockSizeMismatch)) => {
+        (Policy::SglangCacheAware | Policy::LlmdDefault, Some(DegradedReason::DegradedBlockSizeMismatch)) => {
             Some(DegradedReason::DegradedBlockSizeMismatch)
         }
         _ => None,
@@ -219,7 +215,7 @@ pub(crate) fn fallback(state: &AppState, policy: Policy, req: &PickRequest, reas
 }
 
 fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt: &PromptView, continued: u32, now: Instant) -> Vec<Candidate> {
-    let held = matches(state, policy, &workers, prompt, now);
+    let held = matches(state, &workers, prompt, now);
     let sets = state.fleet.peer_matches(policy, &workers, peer_keys(policy, prompt));
     let priors = &state.config.priors;
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
@@ -228,7 +224,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
         .iter()
         .enumerate()
         .map(|(i, worker)| {
-            let Held { matched, gpu, learned } = held.get(i).copied().unwrap_or_default();
+            let Held { matched, gpu } = held.get(i).copied().unwrap_or_default();
             let load = LoadView {
                 running: worker.load.running,
                 waiting: worker.load.waiting,
@@ -262,7 +258,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
                 active_blocks: (worker.pending.in_flight_tokens + worker.pending.max_cached_tokens) / u64::from(prompt.tokens_per_key.max(1)),
                 active_prefix_blocks: worker.pending.max_cached_tokens / u64::from(prompt.tokens_per_key.max(1)),
             };
-            Candidate { worker: worker.entry.clone(), load, matched, learned, prediction, cost_ms, peer }
+            Candidate { worker: worker.entry.clone(), load, matched, prediction, cost_ms, peer }
         })
         .collect()
 }
@@ -284,27 +280,18 @@ struct Held {
     matched: u32,
     /// Of those, the leading keys on the GPU (the rest would be reloaded from the CPU tier).
     gpu: u32,
-    /// Leading keys learned routing knows (what approx_prefix routes on; `matched` unless
-    /// approx_prefix reads it apart for exact keys). The learned map is read at most once.
-    learned: u32,
 }
 
 /// Per worker, in `workers` order.
-fn matches(state: &AppState, policy: Policy, workers: &[WorkerView], prompt: &PromptView, now: Instant) -> Vec<Held> {
+fn matches(state: &AppState, workers: &[WorkerView], prompt: &PromptView, now: Instant) -> Vec<Held> {
     if prompt.keys.is_empty() {
         return vec![Held::default(); workers.len()];
     }
     if !prompt.exact {
         let learned = state.fleet.learned_matches(workers, &prompt.keys);
-        return learned.into_iter().map(|n| Held { matched: n, gpu: n, learned: n }).collect();
+        return learned.into_iter().map(|n| Held { matched: n, gpu: n }).collect();
     }
-    let exact = state.fleet.exact_matches(workers, &prompt.keys, now);
-    let learned = (policy == Policy::ApproxPrefix).then(|| state.fleet.learned_matches(workers, &prompt.keys));
-    exact
-        .into_iter()
-        .enumerate()
-        .map(|(i, (matched, gpu))| Held { matched, gpu, learned: learned.as_ref().and_then(|l| l.get(i).copied()).unwrap_or(matched) })
-        .collect()
+    state.fleet.exact_matches(workers, &prompt.keys, now).into_iter().map(|(matched, gpu)| Held { matched, gpu }).collect()
 }
 
 /// Records the decision as a fleet event: kvroute credits the worker with exact keys until
@@ -365,7 +352,7 @@ fn record(
         }
         match policy {
             Policy::Kvroute if prompt.exact => {}
-            Policy::Kvroute | Policy::ApproxPrefix => state.fleet.learn(&prompt.keys, worker),
+            Policy::Kvroute => state.fleet.learn(&prompt.keys, worker),
             Policy::SglangCacheAware | Policy::LlmdDefault => state.fleet.peer_learn(policy, peer_keys(policy, prompt), worker),
             _ => {}
         }

@@ -43,10 +43,6 @@ pub enum Policy {
     RoundRobin,
     /// Fewest queued + running requests.
     LeastLoaded,
-    /// Longest text-chunk prefix learned from our own routing history; never reads KV events
-    /// and ignores load (a herding strawman kept for continuity with earlier results; the
-    /// peers below are what users would deploy).
-    ApproxPrefix,
     /// SGLang's cache-aware router ([`peers::sglang`]).
     SglangCacheAware,
     /// llm-d's default scheduling profile, approximate prefix mode ([`peers::llmd`]).
@@ -56,12 +52,11 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 7] = [
         Policy::Kvroute,
         Policy::Random,
         Policy::RoundRobin,
         Policy::LeastLoaded,
-        Policy::ApproxPrefix,
         Policy::SglangCacheAware,
         Policy::LlmdDefault,
         Policy::DynamoKv,
@@ -73,7 +68,6 @@ impl Policy {
             Policy::Random => "random",
             Policy::RoundRobin => "round_robin",
             Policy::LeastLoaded => "least_loaded",
-            Policy::ApproxPrefix => "approx_prefix",
             Policy::SglangCacheAware => "sglang_cache_aware",
             Policy::LlmdDefault => "llmd_default",
             Policy::DynamoKv => "dynamo_kv",
@@ -87,8 +81,10 @@ impl fmt::Display for Policy {
     }
 }
 
+/// `approx_prefix` (learned routes, no load: it herded a hot prefix onto one worker, which no
+/// deployed router does) was retired for the peers; its name is refused like any other.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown policy {0:?} (expected kvroute, random, round_robin, least_loaded or approx_prefix)")]
+#[error("unknown policy {name:?} (expected one of {known})", name = .0, known = Policy::ALL.map(Policy::as_str).join(", "))]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for Policy {
@@ -109,5 +105,7 @@ mod tests {
             assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
         }
         assert!("fastest".parse::<Policy>().is_err());
+        let retired = "approx_prefix".parse::<Policy>().unwrap_err().to_string();
+        assert!(retired.contains("sglang_cache_aware, llmd_default, dynamo_kv"), "{retired}");
     }
 }

@@ -318,7 +318,7 @@ async fn missing_tokenizer_falls_to_the_worker_then_to_text_chunks() {
 #[tokio::test]
 async fn other_policies_and_token_prompts_do_not_tokenize() {
     let mut cfg = config(&["a"]);
-    cfg.policy = kvroute_state::score::Policy::ApproxPrefix;
+    cfg.policy = kvroute_state::score::Policy::SglangCacheAware;
     let (app, _) = build(cfg, Some(fixture_dir()));
     let (req, _) = chat_pick(&chat_body());
     assert_eq!(pick(&app, &req).await.tokenization, TokenizationPath::TokenizationTextChunks as i32);

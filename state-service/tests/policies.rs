@@ -111,14 +111,14 @@ async fn baselines_ignore_the_index() {
     let seen: BTreeSet<String> = (0..60).map(|_| pick(&state, &req("m", &prompt)).worker_id).collect();
     assert_eq!(seen.len(), 3);
 
-    // approx_prefix: the first pick of a prefix goes to the least loaded (b), not to c which
-    // holds it per the KV index; the next ones follow what it learned.
+    // SGLang: the first pick of a prefix goes to the least loaded by its own count (all idle:
+    // the first, a), not to c which holds it per the KV index; the next ones follow its tree.
     state.reset();
-    state.set_policy(Policy::ApproxPrefix);
+    state.set_policy(Policy::SglangCacheAware);
     let first = pick(&state, &req("m", &prompt));
-    assert_eq!((first.worker_id.as_str(), first.matched_blocks), ("b", 0), "matched_blocks is what b holds per the index");
+    assert_eq!((first.worker_id.as_str(), first.matched_blocks), ("a", 0), "matched_blocks is what a holds per the index");
     for _ in 0..3 {
-        assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+        assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "a");
     }
 
     // kvroute reads the index: c holds all of it (and is as idle as the others now).

@@ -16,7 +16,8 @@ pub struct Cli {
     /// Overrides `listen` from the file.
     #[arg(long, env = "KVROUTE_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Overrides `policy`: kvroute | random | round_robin | least_loaded | approx_prefix.
+    /// Overrides `policy`: kvroute | random | round_robin | least_loaded | sglang_cache_aware |
+    /// llmd_default | dynamo_kv.
     #[arg(long, env = "KVROUTE_POLICY")]
     pub policy: Option<Policy>,
     /// Overrides `affinity_tolerance` (0..=1).

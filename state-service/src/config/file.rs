@@ -29,7 +29,7 @@ pub struct Config {
     pub seed: Option<u64>,
     /// Must equal the filter's text chunk size (core::keys::DEFAULT_TEXT_CHUNK_BYTES).
     pub text_chunk_bytes: u32,
-    /// Bound of the learned text-chunk map (approx_prefix and degraded kvroute picks).
+    /// Bound of the learned text-chunk map (kvroute picks without exact keys).
     pub approx_capacity: usize,
     /// Consecutive failed scrapes after which a worker is taken out of picks.
     pub unhealthy_after: u32,

@@ -66,8 +66,6 @@ pub struct Choice {
     /// Leading prompt blocks it holds (KV index or speculative credit, or learned text
     /// chunks when the prompt has no exact keys).
     pub matched_blocks: u32,
-    /// Leading keys learned routing sent to it (what a router without KV events knows).
-    pub learned_blocks: u32,
     /// Requests queued or running there.
     pub load: u64,
     /// What the peer policies read.
@@ -97,8 +95,6 @@ pub fn choose<R: Rng + ?Sized>(policy: Policy, candidates: &[Choice], ctx: &Cont
         Policy::Random => Some(rng.gen_range(0..n)),
         Policy::RoundRobin => Some((ticket % n as u64) as usize),
         Policy::LeastLoaded => pick_min(&by(&|c| c.load as f64), rng),
-        // Learned routing only, never the KV index: the baseline of routers without KV events.
-        Policy::ApproxPrefix => pick_min(&by(&|c| -f64::from(c.learned_blocks)), rng),
         Policy::Kvroute => pick_cheapest(candidates, tolerance, rng),
         Policy::SglangCacheAware | Policy::LlmdDefault | Policy::DynamoKv => {
             let views: Vec<PeerView> = candidates.iter().map(|c| c.peer).collect();
@@ -134,7 +130,7 @@ mod tests {
     }
 
     fn t(cost_ms: f64, matched_blocks: u32, load: u64) -> Choice {
-        Choice { cost_ms, matched_blocks, learned_blocks: 0, load, peer: PeerView::default() }
+        Choice { cost_ms, matched_blocks, load, peer: PeerView::default() }
     }
 
     #[test]
@@ -159,8 +155,8 @@ mod tests {
         assert_eq!(a, b);
     }
 
-    fn c(cost_ms: f64, matched_blocks: u32, learned_blocks: u32, load: u64) -> Choice {
-        Choice { cost_ms, matched_blocks, learned_blocks, load, peer: PeerView::default() }
+    fn c(cost_ms: f64, matched_blocks: u32, load: u64) -> Choice {
+        Choice { cost_ms, matched_blocks, load, peer: PeerView::default() }
     }
 
     fn ctx(ticket: u64) -> Context {
@@ -170,10 +166,9 @@ mod tests {
     #[test]
     fn each_policy_reads_only_its_own_signal() {
         let mut rng = StdRng::seed_from_u64(7);
-        // 0: fastest; 1: most learned; 2: least loaded.
-        let cands = [c(10.0, 0, 0, 5), c(50.0, 0, 9, 5), c(90.0, 0, 0, 1)];
+        // 0: cheapest; 2: least loaded.
+        let cands = [c(10.0, 0, 5), c(50.0, 0, 5), c(90.0, 0, 1)];
         assert_eq!(choose(Policy::Kvroute, &cands, &ctx(0), &mut rng), 0);
-        assert_eq!(choose(Policy::ApproxPrefix, &cands, &ctx(0), &mut rng), 1);
         assert_eq!(choose(Policy::LeastLoaded, &cands, &ctx(0), &mut rng), 2);
         let rr: Vec<usize> = (0..6).map(|t| choose(Policy::RoundRobin, &cands, &ctx(t), &mut rng)).collect();
         assert_eq!(rr, vec![0, 1, 2, 0, 1, 2]);
@@ -184,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_same_rng_state_gives_the_same_choice() {
-        let cands = [c(10.0, 1, 0, 0), c(10.0, 1, 0, 0), c(10.0, 1, 0, 0)];
+        let cands = [c(10.0, 1, 0), c(10.0, 1, 0), c(10.0, 1, 0)];
         let run = |seed| (0..16).map(|_| choose(Policy::Kvroute, &cands, &ctx(0), &mut StdRng::seed_from_u64(seed))).collect::<Vec<_>>();
         assert_eq!(run(3), run(3));
         // ...and the rng is what breaks the three-way tie: other seeds choose otherwise.
