@@ -15,6 +15,7 @@
 
 mod event;
 pub(crate) mod msgpack;
+mod spare;
 
 use crate::types::KvEvent;
 use msgpack::Reader;
@@ -78,6 +79,8 @@ pub struct EventBatch {
     pub data_parallel_rank: Option<i64>,
     /// Events that were skipped, with the reason; the others are in `events`.
     pub rejected: Vec<DecodeError>,
+    /// The previous batch's lists, reused by [`decode_batch_into`] (not part of the value).
+    spare: spare::Spare,
 }
 
 /// Decodes one payload. Fails only when the batch itself is unreadable.
@@ -89,7 +92,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
 
 /// As [`decode_batch`], reusing `out`'s buffers (cleared first): the ingest hot path.
 pub fn decode_batch_into(payload: &[u8], out: &mut EventBatch) -> Result<(), DecodeError> {
-    out.events.clear();
+    out.spare.recycle(&mut out.events);
     out.rejected.clear();
     out.data_parallel_rank = None;
     let mut r = Reader::new(payload);
@@ -102,7 +105,7 @@ pub fn decode_batch_into(payload: &[u8], out: &mut EventBatch) -> Result<(), Dec
     out.events.reserve(n);
     for _ in 0..n {
         let start = r.pos();
-        match event::decode_event(&mut r) {
+        match event::decode_event(&mut r, &mut out.spare) {
             Ok(ev) => out.events.push(ev),
             Err(e) => {
                 // Skip exactly this event; if even that fails the framing is gone.

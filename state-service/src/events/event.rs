@@ -3,7 +3,8 @@
 //! Both forms fill the same [`Fields`] and share one constructor, so "which fields are
 //! required, what the defaults are" lives in one place ([`Fields::build`]).
 
-use super::msgpack::{Int, Reader};
+use super::msgpack::{utf8, Int, Reader};
+use super::spare::Spare;
 use super::DecodeError;
 use crate::types::{EngineHash, KvEvent, Tier};
 
@@ -24,29 +25,37 @@ struct Fields {
     first_extra_strings: Vec<String>,
 }
 
-pub(super) fn decode_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
+/// One event; its lists are decoded into buffers from `spare`.
+pub(super) fn decode_event(r: &mut Reader<'_>, spare: &mut Spare) -> Result<KvEvent, DecodeError> {
     match r.peek()? {
-        0x80..=0x8f | 0xde | 0xdf => decode_map(r),
-        _ => decode_positional(r),
+        0x80..=0x8f | 0xde | 0xdf => decode_map(r, spare),
+        _ => decode_positional(r, spare),
     }
 }
 
-fn decode_map(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
+fn decode_map(r: &mut Reader<'_>, spare: &mut Spare) -> Result<KvEvent, DecodeError> {
     let n = r.map_len()?;
     let mut kind: Option<&'static str> = None;
     let mut f = Fields::default();
     for _ in 0..n {
-        let key = r.str()?;
+        // Names matched as bytes; only an unknown one needs its UTF-8 checked.
+        let (key, at) = r.str_bytes()?;
         match key {
-            "type" => kind = Some(event_kind(r.str()?)?),
-            "block_hashes" => f.hashes = Some(hash_list(r)?),
-            "parent_block_hash" => f.parent = opt(r, hash)?,
-            "token_ids" => f.token_ids = Some(token_list(r)?),
-            "block_size" => f.block_size = Some(block_size(r)?),
-            "medium" => f.medium = opt(r, medium)?,
-            "lora_name" => f.lora_name = opt(r, |r| Ok(r.str()?.to_owned()))?,
-            "extra_keys" => f.first_extra_strings = first_extra_strings(r)?,
-            _ => r.skip()?,
+            b"type" => kind = Some(event_kind(r)?),
+            b"block_hashes" => f.hashes = Some(hash_list(r, spare.hashes())?),
+            b"parent_block_hash" => f.parent = opt(r, hash)?,
+            b"token_ids" => f.token_ids = Some(token_list(r, spare.tokens())?),
+            b"block_size" => f.block_size = Some(block_size(r)?),
+            b"medium" => f.medium = opt(r, medium)?,
+            b"lora_name" => f.lora_name = opt(r, |r| Ok(r.str()?.to_owned()))?,
+            b"extra_keys" => f.first_extra_strings = first_extra_strings(r)?,
+            // vLLM's other fields: ASCII, so no UTF-8 check.
+            b"lora_id" | b"group_idx" | b"kv_cache_spec_kind" | b"kv_cache_spec_sliding_window" | b"locality"
+            | b"ownership" | b"session_id" | b"lookahead_token_ids" => r.skip()?,
+            _ => {
+                utf8(key, at)?;
+                r.skip()?
+            }
         }
     }
     f.build(kind.ok_or(DecodeError::MissingType)?)
@@ -55,18 +64,18 @@ fn decode_map(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
 /// `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
 /// lora_name, extra_keys, ...]`, `["BlockRemoved", block_hashes, medium, ...]`,
 /// `["AllBlocksCleared"]`. Trailing fields may be absent (older versions had fewer).
-fn decode_positional(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
+fn decode_positional(r: &mut Reader<'_>, spare: &mut Spare) -> Result<KvEvent, DecodeError> {
     let n = r.array_len()?;
     if n == 0 {
         return Err(DecodeError::MissingType);
     }
-    let kind = event_kind(r.str()?)?;
+    let kind = event_kind(r)?;
     let mut f = Fields::default();
     for i in 1..n {
         match (kind, i) {
-            (STORED, 1) | (REMOVED, 1) => f.hashes = Some(hash_list(r)?),
+            (STORED, 1) | (REMOVED, 1) => f.hashes = Some(hash_list(r, spare.hashes())?),
             (STORED, 2) => f.parent = opt(r, hash)?,
-            (STORED, 3) => f.token_ids = Some(token_list(r)?),
+            (STORED, 3) => f.token_ids = Some(token_list(r, spare.tokens())?),
             (STORED, 4) => f.block_size = Some(block_size(r)?),
             (STORED, 6) | (REMOVED, 2) => f.medium = opt(r, medium)?,
             (STORED, 7) => f.lora_name = opt(r, |r| Ok(r.str()?.to_owned()))?,
@@ -116,12 +125,13 @@ fn cache_salt(strings: Vec<String>, lora_name: Option<&str>) -> Option<String> {
     it.next()
 }
 
-fn event_kind(s: &str) -> Result<&'static str, DecodeError> {
+fn event_kind(r: &mut Reader<'_>) -> Result<&'static str, DecodeError> {
+    let (s, at) = r.str_bytes()?;
     match s {
-        STORED => Ok(STORED),
-        REMOVED => Ok(REMOVED),
-        CLEARED => Ok(CLEARED),
-        other => Err(DecodeError::UnknownEventType(other.chars().take(64).collect())),
+        b"BlockStored" => Ok(STORED),
+        b"BlockRemoved" => Ok(REMOVED),
+        b"AllBlocksCleared" => Ok(CLEARED),
+        other => Err(DecodeError::UnknownEventType(utf8(other, at)?.chars().take(64).collect())),
     }
 }
 
@@ -150,25 +160,42 @@ fn hash(r: &mut Reader<'_>) -> Result<EngineHash, DecodeError> {
     }
 }
 
-fn hash_list(r: &mut Reader<'_>) -> Result<Vec<EngineHash>, DecodeError> {
+/// uint 64 hashes in a run ([`Reader::u64_run`]); any other form, one at a time by [`hash`].
+/// Into `v` (empty).
+fn hash_list(r: &mut Reader<'_>, mut v: Vec<EngineHash>) -> Result<Vec<EngineHash>, DecodeError> {
     let n = r.array_len()?;
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        v.push(hash(r)?);
+    v.reserve_exact(n);
+    while v.len() < n {
+        let left = n - v.len();
+        r.u64_run(left, |h| v.push(EngineHash(h)));
+        if v.len() < n {
+            v.push(hash(r)?);
+        }
     }
     Ok(v)
 }
 
-fn token_list(r: &mut Reader<'_>) -> Result<Vec<u32>, DecodeError> {
+/// Token ids in runs ([`Reader::u32_run`]); an element it stops at, by [`token`].
+/// Into `v` (empty).
+fn token_list(r: &mut Reader<'_>, mut v: Vec<u32>) -> Result<Vec<u32>, DecodeError> {
     let n = r.array_len()?;
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        v.push(match r.int()? {
-            Int::U(u) => u32::try_from(u).map_err(|_| DecodeError::BadTokenId(i128::from(u)))?,
-            Int::I(i) => return Err(DecodeError::BadTokenId(i128::from(i))),
-        });
+    v.resize(n, 0);
+    let mut i = 0;
+    while i < n {
+        i += r.u32_run(&mut v[i..]);
+        if i < n {
+            v[i] = token(r)?;
+            i += 1;
+        }
     }
     Ok(v)
+}
+
+fn token(r: &mut Reader<'_>) -> Result<u32, DecodeError> {
+    match r.int()? {
+        Int::U(u) => u32::try_from(u).map_err(|_| DecodeError::BadTokenId(i128::from(u))),
+        Int::I(i) => Err(DecodeError::BadTokenId(i128::from(i))),
+    }
 }
 
 fn block_size(r: &mut Reader<'_>) -> Result<u32, DecodeError> {
@@ -179,15 +206,15 @@ fn block_size(r: &mut Reader<'_>) -> Result<u32, DecodeError> {
 }
 
 fn medium(r: &mut Reader<'_>) -> Result<Tier, DecodeError> {
-    let s = r.str()?;
-    if s.eq_ignore_ascii_case("GPU") {
+    let (s, at) = r.str_bytes()?;
+    if s.eq_ignore_ascii_case(b"GPU") {
         Ok(Tier::Gpu)
-    } else if s.eq_ignore_ascii_case("CPU") {
+    } else if s.eq_ignore_ascii_case(b"CPU") {
         Ok(Tier::Cpu)
-    } else if s.eq_ignore_ascii_case("STORAGE") {
+    } else if s.eq_ignore_ascii_case(b"STORAGE") {
         Ok(Tier::Storage)
     } else {
-        Err(DecodeError::UnknownMedium(s.chars().take(64).collect()))
+        Err(DecodeError::UnknownMedium(utf8(s, at)?.chars().take(64).collect()))
     }
 }
 

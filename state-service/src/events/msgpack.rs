@@ -107,6 +107,14 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
+        let (bytes, at) = self.str_bytes()?;
+        utf8(bytes, at)
+    }
+
+    /// A str's bytes and the offset they start at, UTF-8 not checked: a caller matching
+    /// known ASCII names checks ([`utf8`]) only what it does not recognise, so it accepts and
+    /// rejects what [`Reader::str`] would.
+    pub(crate) fn str_bytes(&mut self) -> Result<(&'a [u8], usize), DecodeError> {
         let m = self.byte()?;
         let n = match m {
             0xa0..=0xbf => usize::from(m & 0x1f),
@@ -116,7 +124,7 @@ impl<'a> Reader<'a> {
             _ => return Err(self.unexpected("str", m)),
         };
         let at = self.pos;
-        std::str::from_utf8(self.take(n)?).map_err(|_| DecodeError::InvalidUtf8 { offset: at })
+        Ok((self.take(n)?, at))
     }
 
     pub(crate) fn bin(&mut self) -> Result<&'a [u8], DecodeError> {
@@ -145,6 +153,49 @@ impl<'a> Reader<'a> {
             0xd3 => signed(self.be(8)? as i64),
             _ => return Err(self.unexpected("int", m)),
         })
+    }
+
+    /// Fills `dst` from the next array elements while each is a non-negative int that fits
+    /// a `u32`, encoded as a positive fixint or uint 8/16/32 (the forms encoders use for
+    /// such values: token ids), and at least 5 bytes are left; returns how many it read and
+    /// stops before anything else, for [`Reader::int`] to read. Branch-free per element
+    /// (token ids mix uint 16 and uint 32 at random): a 5-byte window, the marker's length,
+    /// a shift.
+    pub(crate) fn u32_run(&mut self, dst: &mut [u32]) -> usize {
+        let buf = self.buf;
+        let mut pos = self.pos;
+        let mut read = 0;
+        for slot in dst.iter_mut() {
+            let Some(&[m, b1, b2, b3, b4]) = buf.get(pos..pos + 5) else { break };
+            let fix = m < 0x80;
+            let k = m.wrapping_sub(0xcc); // uint 8/16/32: 0, 1, 2
+            if !fix && k > 2 {
+                break;
+            }
+            let len = if fix { 0 } else { 1u32 << k };
+            let raw = u64::from(u32::from_be_bytes([b1, b2, b3, b4]));
+            let fixint = if fix { u32::from(m) } else { 0 };
+            *slot = (raw >> (32 - 8 * len)) as u32 | fixint;
+            pos += 1 + len as usize;
+            read += 1;
+        }
+        self.pos = pos;
+        read
+    }
+
+    /// As [`Reader::u32_run`] for uint 64 (`0xcf`, the form of vLLM's 64-bit block hashes).
+    pub(crate) fn u64_run(&mut self, n: usize, mut push: impl FnMut(u64)) -> usize {
+        let buf = self.buf;
+        let mut pos = self.pos;
+        let mut read = 0;
+        while read < n {
+            let Some(&[0xcf, b0, b1, b2, b3, b4, b5, b6, b7]) = buf.get(pos..pos + 9) else { break };
+            push(u64::from_be_bytes([b0, b1, b2, b3, b4, b5, b6, b7]));
+            pos += 9;
+            read += 1;
+        }
+        self.pos = pos;
+        read
     }
 
     /// A float (f32 or f64) or an integer, as f64.
@@ -204,6 +255,11 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
+}
+
+/// A str's bytes as `&str`, or [`DecodeError::InvalidUtf8`] at `at` (see [`Reader::str_bytes`]).
+pub(crate) fn utf8(bytes: &[u8], at: usize) -> Result<&str, DecodeError> {
+    std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { offset: at })
 }
 
 fn signed(v: i64) -> Int {
