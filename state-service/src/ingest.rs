@@ -99,7 +99,7 @@ impl IngestHandle {
     }
 
     pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().map_or(true, |t| t.is_finished())
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
     fn shutdown(&mut self) {

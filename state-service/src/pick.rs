@@ -137,8 +137,7 @@ pub(crate) fn commit(state: &AppState, req: &PickRequest, plan: Chosen, requeste
     // A continued conversation's blocks are held by its worker, ahead of the prompt's own.
     let continued_blocks = continued / prompt.tokens_per_key.max(1);
     let chosen = &candidates[chosen_at];
-    let mut rng = state.selector.rng();
-    let id = record(state, policy, &prompt, chosen, requested, budget, &mut rng, now);
+    let id = record(state, policy, &prompt, chosen, requested, budget, now);
     let degraded = degraded_reason(policy, prompt.limitation)
         .or_else(|| state.store.degraded().then_some(DegradedReason::DegradedStateUnavailable));
     if let Some(reason) = degraded {
@@ -303,9 +302,9 @@ fn record(
     chosen: &Candidate,
     requested: u64,
     budget: Option<crate::tenancy::Scope>,
-    rng: &mut impl RngCore,
     now: Instant,
 ) -> AssignmentId {
+    let mut rng = state.selector.rng();
     let worker = &chosen.worker.id;
     let credit: Arc<[BlockKey]> = if policy == Policy::Kvroute && prompt.exact { prompt.keys.clone() } else { Arc::from([]) };
     let predicted_cached_tokens = prompt.exact.then(|| {

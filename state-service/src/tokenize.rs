@@ -7,6 +7,7 @@
 //! 2. `worker`: a worker's vLLM `/tokenize` ([`worker`]), short timeout, paused after failures;
 //! 3. `text_chunks`: the filter's approximate text-chunk keys (the pick path's default);
 //! 4. `none`: load only.
+//!
 //! Paths 2-4 are degraded decisions (`tokenizer_unavailable`). Why a path gave nothing is
 //! counted in `kvroute_tokenization_failures_total{path,reason}`.
 //!

@@ -71,7 +71,7 @@ impl Speculative {
         self.purge(now);
         let w = self.workers.intern(worker);
         let sampled = keys.iter().skip(STRIDE - 1).step_by(STRIDE);
-        let extra = (keys.len() % STRIDE != 0).then_some(last);
+        let extra = (!keys.len().is_multiple_of(STRIDE)).then_some(last);
         let mut recorded = Vec::with_capacity(keys.len() / STRIDE + 1);
         for key in sampled.chain(extra) {
             let holders = self.by_key.entry(*key).or_default();

@@ -44,7 +44,7 @@ impl Collector for TokenizerCollector {
         family(&mut enc, "tokenizer_loaded", "1 when the model's local tokenizer is loaded", MetricType::Gauge, &loaded)?;
         let failures = enc.encode_descriptor("tokenizer_load_failures", "Tokenizer directories that failed to load", None, MetricType::Counter)?;
         ConstCounter::new(self.local.load_failures()).encode(failures)?;
-        let caches: Vec<_> = statuses.iter().filter_map(|(m, s)| s.cache.clone().map(|c| (ModelLabel { model: m.clone() }, c))).collect();
+        let caches: Vec<_> = statuses.iter().filter_map(|(m, s)| s.cache.map(|c| (ModelLabel { model: m.clone() }, c))).collect();
         let each = |f: fn(&kvroute_tokenize::CacheStats) -> u64| -> Vec<(ModelLabel, u64)> { caches.iter().map(|(l, c)| (l.clone(), f(c))).collect() };
         family(&mut enc, "tokenizer_cache_hits", "Prompt pieces found in the tokenizer cache", MetricType::Counter, &each(|c| c.hits))?;
         family(&mut enc, "tokenizer_cache_misses", "Prompt pieces encoded (not in the cache)", MetricType::Counter, &each(|c| c.misses))?;
