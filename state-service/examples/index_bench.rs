@@ -13,6 +13,8 @@
 //! loading the fleet. Lookup rows print the minimum too: on a shared machine the p99 is
 //! mostly other processes' time slices, the minimum is the lookup's own cost.
 
+use kvroute_state::score::PickRng;
+use rand::RngCore;
 use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_state::events::{decode_batch_into, EventBatch};
 use kvroute_state::index::memory::MemoryIndex;
@@ -60,15 +62,14 @@ const SHARED: usize = 512;
 const TAIL: usize = 48;
 const MODEL: &str = "bench-model";
 
-/// Deterministic pseudo-random tokens (splitmix64), so runs are comparable.
-struct Rng(u64);
+/// Deterministic pseudo-random tokens, so runs are comparable: the service's own SplitMix64.
+struct Rng(PickRng);
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(PickRng::new(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn tokens(&mut self, n: usize) -> Vec<u32> {
         (0..n).map(|_| (self.next() % 150_000) as u32).collect()
@@ -284,7 +285,7 @@ fn main() {
         .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2]);
 
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let shared = rng.tokens(SHARED * BS);
     let before = LIVE.load(Relaxed);
     let index = Arc::new(MemoryIndex::new());
@@ -354,7 +355,7 @@ fn bench_lookups(index: &Arc<MemoryIndex>, engines: u32, all: &str, shared_keys:
     let writer = {
         let (index, stop) = (Arc::clone(index), Arc::clone(&stop));
         std::thread::spawn(move || {
-            let mut rng = Rng(7);
+            let mut rng = Rng::new(7);
             let payloads = encoded_batches(16_000, 16, 1, &mut rng);
             let mut batch = EventBatch::default();
             while !stop.load(Relaxed) {
