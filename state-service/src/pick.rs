@@ -19,7 +19,7 @@ use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
 use crate::score::peers::{self, PeerView, Request};
 use crate::types::BlockKey;
-use crate::score::{choose, placement_cost, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
+use crate::score::{choose, fleet_queue, placement_cost, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 use rand::RngCore;
@@ -217,20 +217,25 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
     let held = matches(state, &workers, prompt, now);
     let sets = state.fleet.peer_matches(policy, &workers, peer_keys(policy, prompt));
     let priors = &state.config.priors;
+    let loads: Vec<LoadView> = workers
+        .iter()
+        .map(|worker| LoadView {
+            running: worker.load.running,
+            waiting: worker.load.waiting,
+            own_waiting: worker.pending.waiting,
+            own_waiting_tokens: worker.pending.waiting_tokens,
+            own_in_flight: worker.pending.in_flight,
+        })
+        .collect();
+    let followers = fleet_queue(loads.iter().copied());
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
     // realloc) the larger views' buffer.
     workers
         .iter()
+        .zip(loads)
         .enumerate()
-        .map(|(i, worker)| {
+        .map(|(i, (worker, load))| {
             let Held { matched, gpu } = held.get(i).copied().unwrap_or_default();
-            let load = LoadView {
-                running: worker.load.running,
-                waiting: worker.load.waiting,
-                own_waiting: worker.pending.waiting,
-                own_waiting_tokens: worker.pending.waiting_tokens,
-                own_in_flight: worker.pending.in_flight,
-            };
             let cost = Cost {
                 per_token_ms: worker.per_token_ms,
                 overhead_ms: worker.overhead_ms,
@@ -242,7 +247,7 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
             let tokens = matched.saturating_mul(prompt.tokens_per_key).saturating_add(continued).min(prompt.prompt_tokens);
             let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
             let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
-            let cost_ms = placement_cost(&prediction, &load, &cost, state.config.queue_externality);
+            let cost_ms = placement_cost(&prediction, cost.per_token_ms, followers, state.config.queue_externality);
             let set = sets.as_ref().and_then(|s| s.get(i).copied()).unwrap_or_default();
             let exact = prompt.exact;
             let peer = PeerView {
