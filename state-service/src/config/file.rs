@@ -41,10 +41,9 @@ pub struct Config {
     pub affinity_tolerance: f64,
     /// kvroute policy: the weight of a placement's cost to the requests queued behind it
     /// (score::model::placement_cost): 1 charges each waiting request the prefill it would
-    /// wait for, 0 picks on predicted TTFT alone. 4 from the production-shaped trace under
-    /// overload (bench/README.md): 1 routed like 0, 4 cut TTFT p50 2.3x and raised goodput
-    /// 26% (a queue that is growing delays more followers than it holds now, and a prefill
-    /// on a cold worker also evicts what others had cached there).
+    /// wait for (Little's law: the default), 0 picks on predicted TTFT alone, more than 1 keeps
+    /// conversations on their worker longer at the cost of longer queues there (4 measured
+    /// worse at p90 than 1 on the production-shaped trace: bench/README.md).
     pub queue_externality: f64,
     pub timeouts: Timeouts,
     /// Defaults for every worker's cost model; a worker may override them.
@@ -83,7 +82,7 @@ impl Default for Config {
             approx_capacity: 100_000,
             unhealthy_after: 3,
             affinity_tolerance: 0.3,
-            queue_externality: 4.0,
+            queue_externality: 1.0,
             timeouts: Timeouts::default(),
             priors: Priors::default(),
             models: BTreeMap::new(),
