@@ -123,21 +123,24 @@ pub fn predict(prompt_tokens: u32, cached: Cached, load: &LoadView, cost: &Cost)
 /// and every request that queues behind that prefill pays for it. In a FIFO queue the requests
 /// that arrive while a job waits are about as many as were waiting when it arrived (Little's
 /// law; the M/M/1 marginal cost of work x is x times the mean number in the queue). A router
-/// that balances spreads those arrivals over the fleet, so a prefill placed on a worker that is
-/// idle right now delays the fleet's next requests as much as one placed on a busy one:
-/// `followers` is the fleet's mean queue ([`fleet_queue`]), the same for every candidate. An
-/// idle fleet routes on TTFT alone; on a backlogged one the placement that computes least wins
-/// unless its queue costs more than the prefill it saves everyone. `weight` 0 is the plain TTFT
-/// minimum.
+/// that balances spreads those arrivals over the fleet, so `followers` is the queue a typical
+/// worker has: the fleet's median ([`fleet_queue`]), the same for every candidate. The median,
+/// not the mean: one worker's queue alone (a burst on one new prefix) does not make the fleet
+/// backlogged, and charging it would pile the burst onto that worker while others idle. While
+/// half the fleet idles kvroute routes on TTFT alone; on a backlogged fleet the placement that
+/// computes least wins unless its own queue costs more than the prefill it saves everyone.
+/// `weight` 0 is the plain TTFT minimum.
 pub fn placement_cost(prediction: &Prediction, per_token_ms: f64, followers: f64, weight: f64) -> f64 {
     prediction.ttft_ms + weight * per_token_ms * f64::from(prediction.uncached_tokens) * followers
 }
 
-/// The mean over `loads` of the requests waiting for their first token (the larger of the
-/// scraped waiting count and our own assignments without a first-token report).
-pub fn fleet_queue(loads: impl ExactSizeIterator<Item = LoadView>) -> f64 {
-    let n = loads.len().max(1) as f64;
-    loads.map(|l| f64::from(l.waiting.max(l.own_waiting))).sum::<f64>() / n
+/// The median queue among `loads` (the lower middle for an even count): requests waiting for
+/// their first token (per worker the larger of the scraped waiting count and our own
+/// assignments without a first-token report).
+pub fn fleet_queue(loads: impl Iterator<Item = LoadView>) -> f64 {
+    let mut queues: Vec<u32> = loads.map(|l| l.waiting.max(l.own_waiting)).collect();
+    queues.sort_unstable();
+    queues.get(queues.len().saturating_sub(1) / 2).map_or(0.0, |&q| f64::from(q))
 }
 
 #[cfg(test)]
@@ -184,25 +187,28 @@ mod tests {
     #[test]
     fn on_a_backlogged_fleet_the_placement_that_computes_least_wins() {
         // A follow-up: 4500 tokens, 4000 of them cached on worker A, which has 10 waiting;
-        // worker B is idle and holds nothing. B answers this request sooner...
+        // worker B has 5 waiting and holds nothing. B answers this request sooner...
         let a = LoadView { running: 8, waiting: 10, own_waiting: 10, own_waiting_tokens: 10 * 1500, own_in_flight: 18 };
-        let b = LoadView::default();
+        let b = LoadView { running: 8, waiting: 5, own_waiting: 5, own_waiting_tokens: 5 * 1500, own_in_flight: 13 };
         let warm = predict(4500, Cached::gpu(4000), &a, &COST);
         let cold = predict(4500, Cached::gpu(0), &b, &COST);
         assert!(cold.ttft_ms < warm.ttft_ms, "{cold:?} {warm:?}");
-        // ...but the fleet has 5 waiting per worker: B's 4500-token prefill delays the next
-        // five requests by 450 ms each, A's 500 tokens by 50 ms: A costs the fleet less.
-        let followers = fleet_queue([a, b].into_iter());
+        // ...but the fleet's typical queue is 5 (A, B and a third with 5): B's 4500-token
+        // prefill delays the next five requests by 450 ms each, A's 500 tokens by 50 ms.
+        let followers = fleet_queue([a, b, b].into_iter());
         assert_eq!(followers, 5.0);
         let (warm_cost, cold_cost) = (placement_cost(&warm, COST.per_token_ms, followers, 1.0), placement_cost(&cold, COST.per_token_ms, followers, 1.0));
         assert!((warm_cost - warm.ttft_ms - 250.0).abs() < 1e-9 && (cold_cost - cold.ttft_ms - 2250.0).abs() < 1e-9);
         assert!(warm_cost < cold_cost, "{warm_cost} {cold_cost}");
-        // Weight 0 is the plain TTFT; an idle fleet has no followers, whatever the weight.
+        // Weight 0 is the plain TTFT; one worker's queue alone (a burst on its prefix) leaves
+        // the typical worker idle: no followers, the burst spreads, whatever the weight.
         assert_eq!(placement_cost(&cold, COST.per_token_ms, followers, 0.0), cold.ttft_ms);
-        let idle = fleet_queue([LoadView::default(); 3].into_iter());
-        assert_eq!(placement_cost(&cold, COST.per_token_ms, idle, 4.0), cold.ttft_ms);
-        // Our own assignments count until the metrics catch up.
-        assert_eq!(fleet_queue([LoadView { own_waiting: 4, waiting: 1, ..b }, b].into_iter()), 2.0);
+        let burst = fleet_queue([a, LoadView::default(), LoadView::default(), LoadView::default()].into_iter());
+        assert_eq!(placement_cost(&cold, COST.per_token_ms, burst, 4.0), cold.ttft_ms);
+        // The lower middle of an even count; our own assignments count until the metrics
+        // catch up.
+        assert_eq!(fleet_queue([LoadView { own_waiting: 7, waiting: 6, ..b }, a].into_iter()), 7.0);
+        assert_eq!(fleet_queue(std::iter::empty()), 0.0);
     }
 
     #[test]
