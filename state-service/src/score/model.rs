@@ -139,8 +139,11 @@ pub fn placement_cost(prediction: &Prediction, per_token_ms: f64, followers: f64
 /// assignments without a first-token report).
 pub fn fleet_queue(loads: impl Iterator<Item = LoadView>) -> f64 {
     let mut queues: Vec<u32> = loads.map(|l| l.waiting.max(l.own_waiting)).collect();
-    queues.sort_unstable();
-    queues.get(queues.len().saturating_sub(1) / 2).map_or(0.0, |&q| f64::from(q))
+    if queues.is_empty() {
+        return 0.0;
+    }
+    let middle = (queues.len() - 1) / 2;
+    f64::from(*queues.select_nth_unstable(middle).1)
 }
 
 #[cfg(test)]
