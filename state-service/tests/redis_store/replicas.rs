@@ -95,12 +95,15 @@ fn burst_spreads_like_one_instance_and_follow_ups_stick() {
         let (a, b) = ((conv % 2) as usize, 1 - (conv % 2) as usize);
         let (_, t1) = post_json(&rt, &replicas[a].url("/v1/pick"), pick_body(&keys(conv, 48)));
         let id = t1["assignment_id"].as_u64().expect("id");
+        // Replicated before it completes: otherwise both tables are empty before the other
+        // replica has heard of turn 1, and turn 2 would race the pub/sub hop.
+        wait_until("turn 1 to replicate", || replicas.iter().all(|r| seen(&r.state, id)));
         let (status, _) = post_json(&rt, &replicas[a].url("/v1/report"), json!({ "reports": [{ "assignment_id": id, "kind": 3 }] }));
         assert_eq!(status, 204);
-        wait_until("turn 1 to replicate and complete", || replicas.iter().all(|r| r.state.fleet.assignments().is_empty()));
+        wait_until("turn 1 to complete everywhere", || replicas.iter().all(|r| r.state.fleet.assignments().is_empty()));
         let (_, t2) = post_json(&rt, &replicas[b].url("/v1/pick"), pick_body(&keys(conv, 56)));
         assert_eq!(t2["worker_id"], t1["worker_id"], "conversation {conv}: turn 2 {t2} vs turn 1 {t1}");
-        assert_eq!(t2["matched_blocks"], 48);
+        assert_eq!(t2["matched_blocks"], 48, "conversation {conv}: turn 2 {t2} vs turn 1 {t1}");
         let id = t2["assignment_id"].as_u64().expect("id");
         post_json(&rt, &replicas[b].url("/v1/report"), json!({ "reports": [{ "assignment_id": id, "kind": 3 }] }));
         wait_until("turn 2 to complete everywhere", || replicas.iter().all(|r| r.state.fleet.assignments().is_empty()));
