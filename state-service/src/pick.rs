@@ -19,7 +19,7 @@ use crate::fleet::{Applied, FleetEvent, ModelView, WorkerEntry, WorkerView};
 use crate::metrics::{PickLabels, PickOutcome};
 use crate::score::peers::{self, PeerView, Request};
 use crate::types::BlockKey;
-use crate::score::{choose, fleet_queue, placement_cost, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
+use crate::score::{choose, followers, placement_cost, predict, Cached, Choice, Context, Cost, LoadView, Policy, Prediction};
 use crate::state::AppState;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 use rand::RngCore;
@@ -227,7 +227,8 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
             own_in_flight: worker.pending.in_flight,
         })
         .collect();
-    let followers = fleet_queue(loads.iter().copied());
+    let matched: Vec<u32> = held.iter().map(|h| h.matched).collect();
+    let followers = followers(&loads, &matched);
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
     // realloc) the larger views' buffer.
     workers

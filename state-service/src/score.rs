@@ -23,7 +23,7 @@ pub mod selector;
 
 pub use approx::ApproxMap;
 pub use calibrate::Calibration;
-pub use model::{fleet_queue, placement_cost, predict, Cached, Cost, Features, LoadView, Prediction};
+pub use model::{followers, placement_cost, predict, Cached, Cost, Features, LoadView, Prediction};
 pub use select::{choose, pick_cheapest, pick_min, Choice, Context, Scored};
 pub use selector::{PickRng, Selector};
 

@@ -41,9 +41,11 @@ pub struct Config {
     pub affinity_tolerance: f64,
     /// kvroute policy: the weight of a placement's cost to the requests queued behind it
     /// (score::model::placement_cost): 1 charges each waiting request the prefill it would
-    /// wait for (Little's law: the default), 0 picks on predicted TTFT alone, more than 1 keeps
-    /// conversations on their worker longer at the cost of longer queues there (4 measured
-    /// worse at p90 than 1 on the production-shaped trace: bench/README.md).
+    /// wait for (Little's law), 0 picks on predicted TTFT alone, more keeps conversations on
+    /// their worker longer at the cost of longer queues there. 2 (the default) measured best on
+    /// the production-shaped trace (bench/README.md "Placement cost": 1 and 4 were worse): the
+    /// queue counted is the movers' (the worker holding the prompt is left out), and requests
+    /// arriving while the prefill runs wait for it too.
     pub queue_externality: f64,
     pub timeouts: Timeouts,
     /// Defaults for every worker's cost model; a worker may override them.
@@ -82,7 +84,7 @@ impl Default for Config {
             approx_capacity: 100_000,
             unhealthy_after: 3,
             affinity_tolerance: 0.3,
-            queue_externality: 1.0,
+            queue_externality: 2.0,
             timeouts: Timeouts::default(),
             priors: Priors::default(),
             models: BTreeMap::new(),

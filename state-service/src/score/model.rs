@@ -124,26 +124,35 @@ pub fn predict(prompt_tokens: u32, cached: Cached, load: &LoadView, cost: &Cost)
 /// that arrive while a job waits are about as many as were waiting when it arrived (Little's
 /// law; the M/M/1 marginal cost of work x is x times the mean number in the queue). A router
 /// that balances spreads those arrivals over the fleet, so `followers` is the queue a typical
-/// worker has: the fleet's median ([`fleet_queue`]), the same for every candidate. The median,
-/// not the mean: one worker's queue alone (a burst on one new prefix) does not make the fleet
-/// backlogged, and charging it would pile the burst onto that worker while others idle. While
-/// half the fleet idles kvroute routes on TTFT alone; on a backlogged fleet the placement that
+/// worker the request could move to has ([`followers`]), the same for every candidate. While
+/// those workers idle kvroute routes on TTFT alone; on a backlogged fleet the placement that
 /// computes least wins unless its own queue costs more than the prefill it saves everyone.
 /// `weight` 0 is the plain TTFT minimum.
 pub fn placement_cost(prediction: &Prediction, per_token_ms: f64, followers: f64, weight: f64) -> f64 {
     prediction.ttft_ms + weight * per_token_ms * f64::from(prediction.uncached_tokens) * followers
 }
 
-/// The median queue among `loads` (the lower middle for an even count): requests waiting for
-/// their first token (per worker the larger of the scraped waiting count and our own
-/// assignments without a first-token report).
-pub fn fleet_queue(loads: impl Iterator<Item = LoadView>) -> f64 {
-    let mut queues: Vec<u32> = loads.map(|l| l.waiting.max(l.own_waiting)).collect();
+/// The requests that will queue behind a prefill: the mean queue (requests waiting for their
+/// first token; per worker the larger of the scraped waiting count and our own assignments
+/// without a first-token report) over the workers that hold less of this prompt than the
+/// warmest one (`matched`, in keys, in `loads` order) — the workers it would move to. Where
+/// all hold the same, over all of them.
+///
+/// Not over the whole fleet: the queue a burst on one new prefix builds on the worker that
+/// took its first request is that worker's alone, and counting it would pile the burst onto
+/// it while the rest idle (the whole fleet's mean did: 9 of 9 on one worker). Not the median:
+/// on four workers it is the second-shortest queue and undercharges a backlogged fleet
+/// (bench/README.md "Placement cost").
+pub fn followers(loads: &[LoadView], matched: &[u32]) -> f64 {
+    let best = matched.iter().copied().max().unwrap_or(0);
+    let movers = |i: usize| matched.get(i).copied().unwrap_or(0) < best;
+    let all = !(0..loads.len()).any(movers);
+    let queues: Vec<u32> =
+        loads.iter().enumerate().filter(|&(i, _)| all || movers(i)).map(|(_, l)| l.waiting.max(l.own_waiting)).collect();
     if queues.is_empty() {
         return 0.0;
     }
-    let middle = (queues.len() - 1) / 2;
-    f64::from(*queues.select_nth_unstable(middle).1)
+    queues.iter().map(|&q| f64::from(q)).sum::<f64>() / queues.len() as f64
 }
 
 #[cfg(test)]
@@ -196,22 +205,24 @@ mod tests {
         let warm = predict(4500, Cached::gpu(4000), &a, &COST);
         let cold = predict(4500, Cached::gpu(0), &b, &COST);
         assert!(cold.ttft_ms < warm.ttft_ms, "{cold:?} {warm:?}");
-        // ...but the fleet's typical queue is 5 (A, B and a third with 5): B's 4500-token
-        // prefill delays the next five requests by 450 ms each, A's 500 tokens by 50 ms.
-        let followers = fleet_queue([a, b, b].into_iter());
+        // ...but the workers it would move to (B and a third) have 5 waiting each: B's
+        // 4500-token prefill delays the next five requests by 450 ms each, A's 500 by 50 ms.
+        let followers = followers(&[a, b, b], &[8, 0, 0]);
         assert_eq!(followers, 5.0);
         let (warm_cost, cold_cost) = (placement_cost(&warm, COST.per_token_ms, followers, 1.0), placement_cost(&cold, COST.per_token_ms, followers, 1.0));
         assert!((warm_cost - warm.ttft_ms - 250.0).abs() < 1e-9 && (cold_cost - cold.ttft_ms - 2250.0).abs() < 1e-9);
         assert!(warm_cost < cold_cost, "{warm_cost} {cold_cost}");
-        // Weight 0 is the plain TTFT; one worker's queue alone (a burst on its prefix) leaves
-        // the typical worker idle: no followers, the burst spreads, whatever the weight.
+        // Weight 0 is the plain TTFT; the queue of the worker holding the prefix is not the
+        // movers' (a burst on its prefix): they idle, no followers, the burst spreads, whatever
+        // the weight.
         assert_eq!(placement_cost(&cold, COST.per_token_ms, followers, 0.0), cold.ttft_ms);
-        let burst = fleet_queue([a, LoadView::default(), LoadView::default(), LoadView::default()].into_iter());
+        let idle = LoadView::default();
+        let burst = super::followers(&[a, idle, idle, idle], &[8, 0, 0, 0]);
         assert_eq!(placement_cost(&cold, COST.per_token_ms, burst, 4.0), cold.ttft_ms);
-        // The lower middle of an even count; our own assignments count until the metrics
-        // catch up.
-        assert_eq!(fleet_queue([LoadView { own_waiting: 7, waiting: 6, ..b }, a].into_iter()), 7.0);
-        assert_eq!(fleet_queue(std::iter::empty()), 0.0);
+        // Where all hold the same, the whole fleet's mean; our own assignments count until the
+        // metrics catch up.
+        assert_eq!(super::followers(&[LoadView { own_waiting: 7, waiting: 6, ..b }, a], &[1, 1]), 8.5);
+        assert_eq!(super::followers(&[], &[]), 0.0);
     }
 
     #[test]
