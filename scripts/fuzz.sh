@@ -80,7 +80,13 @@ for t in "${targets[@]}"; do
     cp -n "$fuzz/seeds/$t"/* "$corpus"/ 2>/dev/null || true
   fi
   rm -f "$logs"/fuzz-*.log
-  before=$(find "$artifacts" -type f | wc -l)
+  # libFuzzer's findings: crash-, timeout-, oom-, leak- files. A slow-unit- file is an input
+  # that took over 10 s once (-report_slow_units): under a loaded machine a nice-19 fuzzer
+  # is starved for seconds, so it is counted apart, not as a crash.
+  findings() { find "$artifacts" -type f \( -name 'crash-*' -o -name 'timeout-*' -o -name 'oom-*' -o -name 'leak-*' \) | wc -l; }
+  slow() { find "$artifacts" -type f -name 'slow-unit-*' | wc -l; }
+  before=$(findings)
+  slow_before=$(slow)
   flags=(-jobs=1 -workers=1 -max_total_time="$seconds" -timeout="$timeout_s" -rss_limit_mb="$rss_mb"
     -max_len="$(max_len "$t")" -print_final_stats=1 -artifact_prefix="$artifacts/")
   d=$(dict "$t")
@@ -97,7 +103,9 @@ for t in "${targets[@]}"; do
   [[ -f $log ]] || log="$logs/supervisor.log"
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
   execs=${execs:-0}
-  crashes=$(($(find "$artifacts" -type f | wc -l) - before))
+  crashes=$(($(findings) - before))
+  slow_units=$(($(slow) - slow_before))
+  [[ $slow_units -gt 0 ]] && echo "-- $t: $slow_units slow unit(s) (over 10 s once) in $artifacts"
   rate=$((execs / (wall > 0 ? wall : 1)))
   if [[ $crashes -gt 0 ]] || ! grep -q 'Done [0-9]* runs' "$log"; then
     status=1

@@ -129,7 +129,7 @@ mod tests {
         assert_eq!(seen, BTreeSet::from([0, 2, 3]));
     }
 
-    fn t(cost_ms: f64, matched_blocks: u32, load: u64) -> Choice {
+    fn c(cost_ms: f64, matched_blocks: u32, load: u64) -> Choice {
         Choice { cost_ms, matched_blocks, load, peer: PeerView::default() }
     }
 
@@ -137,13 +137,13 @@ mod tests {
     fn near_ties_go_to_the_longest_cached_prefix() {
         let mut rng = StdRng::seed_from_u64(3);
         // The warm worker is 5% slower: within 10%, it keeps the prefix's group together.
-        assert_eq!(pick_cheapest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.1, &mut rng), Some(1));
+        assert_eq!(pick_cheapest(&[c(1000.0, 0, 0), c(1050.0, 375, 1)], 0.1, &mut rng), Some(1));
         // 20% slower is beyond the tolerance: the fastest wins.
-        assert_eq!(pick_cheapest(&[t(1000.0, 0, 0), t(1200.0, 375, 1)], 0.1, &mut rng), Some(0));
+        assert_eq!(pick_cheapest(&[c(1000.0, 0, 0), c(1200.0, 375, 1)], 0.1, &mut rng), Some(0));
         // No tolerance: plain fastest.
-        assert_eq!(pick_cheapest(&[t(1000.0, 0, 0), t(1050.0, 375, 1)], 0.0, &mut rng), Some(0));
+        assert_eq!(pick_cheapest(&[c(1000.0, 0, 0), c(1050.0, 375, 1)], 0.0, &mut rng), Some(0));
         // Equal match: load decides among the near ones.
-        assert_eq!(pick_cheapest(&[t(1000.0, 3, 5), t(1020.0, 3, 1), t(5000.0, 9, 0)], 0.1, &mut rng), Some(1));
+        assert_eq!(pick_cheapest(&[c(1000.0, 3, 5), c(1020.0, 3, 1), c(5000.0, 9, 0)], 0.1, &mut rng), Some(1));
         assert_eq!(pick_cheapest(&[], 0.1, &mut rng), None);
     }
 
@@ -153,10 +153,6 @@ mod tests {
         let a: Vec<_> = (0..16).map({ let mut r = StdRng::seed_from_u64(9); move |_| pick_min(&c, &mut r) }).collect();
         let b: Vec<_> = (0..16).map({ let mut r = StdRng::seed_from_u64(9); move |_| pick_min(&c, &mut r) }).collect();
         assert_eq!(a, b);
-    }
-
-    fn c(cost_ms: f64, matched_blocks: u32, load: u64) -> Choice {
-        Choice { cost_ms, matched_blocks, load, peer: PeerView::default() }
     }
 
     fn ctx(ticket: u64) -> Context {
