@@ -167,6 +167,26 @@ async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
     assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
 }
 
+/// A chat whose first message alone is longer than the encoding budget has no exact block
+/// within it: it is routed on the filter's text-chunk keys, degraded, never on load alone
+/// with empty "exact" keys (the production-shaped trace's long single-message prompts were).
+#[tokio::test]
+async fn a_first_message_longer_than_the_budget_routes_on_text_chunks() {
+    let mut cfg = config(&["a"]);
+    cfg.tokenization.max_encode_bytes = 700;
+    cfg.tokenization.inline_max_bytes = 1 << 20;
+    let (app, _) = build(cfg, Some(fixture_dir()));
+    let long = "Summarise this report for the on-call engineer please. ".repeat(40);
+    let (req, _) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": long}]}));
+    assert!(!req.text_chunk_keys.is_empty());
+    let resp = pick(&app, &req).await;
+    assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "{resp:?}");
+    assert_eq!(resp.degraded_reason().label(), "tokenizer_unavailable", "{resp:?}");
+    assert_eq!(resp.total_blocks as usize, req.text_chunk_keys.len());
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
+}
+
 /// A chat for a LoRA adapter (its name in `model`, as vLLM takes it) is rendered with the
 /// base model's tokenizer and template, keyed at the adapter's name, and routed only among
 /// the workers that serve the adapter.

@@ -87,5 +87,12 @@ async fn exact_prompt(state: &AppState, req: &PickRequest) -> Option<PromptView>
     // Rooted at the request's model: the adapter's name for a LoRA request, as vLLM roots it.
     let root = KeyRoot::new(&req.model, &req.cache_salt);
     let keys = token_block_keys(&root, &exact.ids, target.block_size as usize);
+    // Not one full block within the encoding budget (a first message longer than
+    // `max_encode_bytes` stops before its text): the filter's text-chunk keys still route it
+    // by what was learned, a degraded decision, where empty exact keys would route it on
+    // load alone and call that exact.
+    if keys.is_empty() && !req.text_chunk_keys.is_empty() {
+        return None;
+    }
     Some(PromptView::from_ids(keys, exact.prompt_tokens as usize, target.block_size, exact.path))
 }
