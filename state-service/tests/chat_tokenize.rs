@@ -143,15 +143,20 @@ async fn local_tokenizer_gives_exact_keys_that_match_held_blocks() {
     assert!(m["tokenizer"]["cache"]["hits"].as_u64().unwrap() > 0, "second turn is served from the piece cache: {m}");
 }
 
+/// The app with an encoding budget of `bytes`, every prompt encoded inline.
+fn budgeted(bytes: usize) -> (Router, Arc<TestIndex>) {
+    let mut cfg = config(&["a"]);
+    cfg.tokenization.max_encode_bytes = bytes;
+    cfg.tokenization.inline_max_bytes = 1 << 20;
+    build(cfg, Some(fixture_dir()))
+}
+
 /// A cold conversation longer than the encoding budget is keyed exactly up to the last
 /// message boundary within it (the leading keys equal the whole prompt's), routed without
 /// degradation, and its size estimated from the rest.
 #[tokio::test]
 async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
-    let mut cfg = config(&["a"]);
-    cfg.tokenization.max_encode_bytes = 700;
-    cfg.tokenization.inline_max_bytes = 1 << 20;
-    let (app, index) = build(cfg, Some(fixture_dir()));
+    let (app, index) = budgeted(700);
     let (req, input) = chat_pick(&chat_body());
     let (ids, keys) = expected(&input);
     index.hold(EngineSlot(0), &keys);
@@ -172,10 +177,7 @@ async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
 /// with empty "exact" keys (the production-shaped trace's long single-message prompts were).
 #[tokio::test]
 async fn a_first_message_longer_than_the_budget_routes_on_text_chunks() {
-    let mut cfg = config(&["a"]);
-    cfg.tokenization.max_encode_bytes = 700;
-    cfg.tokenization.inline_max_bytes = 1 << 20;
-    let (app, _) = build(cfg, Some(fixture_dir()));
+    let (app, _) = budgeted(700);
     let long = "Summarise this report for the on-call engineer please. ".repeat(40);
     let (req, _) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": long}]}));
     assert!(!req.text_chunk_keys.is_empty());
