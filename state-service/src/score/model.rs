@@ -135,8 +135,8 @@ pub fn placement_cost(prediction: &Prediction, per_token_ms: f64, followers: f64
 /// The requests that will queue behind a prefill: the mean queue (requests waiting for their
 /// first token; per worker the larger of the scraped waiting count and our own assignments
 /// without a first-token report) over the workers that hold less of this prompt than the
-/// warmest one (`matched`, in keys, in `loads` order) — the workers it would move to. Where
-/// all hold the same, over all of them.
+/// warmest one (`matched`, in keys, one per entry of `loads`) — the workers it would move to.
+/// Where all hold the same, over all of them.
 ///
 /// Not over the whole fleet: the queue a burst on one new prefix builds on the worker that
 /// took its first request is that worker's alone, and counting it would pile the burst onto
@@ -145,14 +145,17 @@ pub fn placement_cost(prediction: &Prediction, per_token_ms: f64, followers: f64
 /// (bench/README.md "Placement cost").
 pub fn followers(loads: &[LoadView], matched: &[u32]) -> f64 {
     let best = matched.iter().copied().max().unwrap_or(0);
-    let movers = |i: usize| matched.get(i).copied().unwrap_or(0) < best;
-    let all = !(0..loads.len()).any(movers);
-    let queues: Vec<u32> =
-        loads.iter().enumerate().filter(|&(i, _)| all || movers(i)).map(|(_, l)| l.waiting.max(l.own_waiting)).collect();
-    if queues.is_empty() {
-        return 0.0;
+    let all = matched.iter().all(|&m| m == best);
+    let (sum, n) = loads
+        .iter()
+        .zip(matched)
+        .filter(|&(_, &m)| all || m < best)
+        .fold((0u64, 0u32), |(sum, n), (l, _)| (sum + u64::from(l.waiting.max(l.own_waiting)), n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        sum as f64 / f64::from(n)
     }
-    queues.iter().map(|&q| f64::from(q)).sum::<f64>() / queues.len() as f64
 }
 
 #[cfg(test)]
