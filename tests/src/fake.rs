@@ -3,7 +3,6 @@
 //! reports) and fake workers (OpenAI-shaped answers, `x-sim-worker`, record what reached them).
 //! The must-show end-to-end tests use the real `kvroute-state` and `kvroute-sim` instead.
 
-use crate::net::free_port;
 use anyhow::Result;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -17,17 +16,20 @@ use prost::Message;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-async fn serve(port: u16, app: Router) -> Result<JoinHandle<()>> {
-    serve_until(port, app, std::future::pending()).await
+async fn serve(app: Router) -> Result<(u16, JoinHandle<()>)> {
+    serve_until(0, app, std::future::pending()).await
 }
 
 /// Serves until `stop` resolves; hyper's graceful shutdown then closes idle keep-alive
-/// connections too, so a stopped server looks like a dead process to Envoy's pool.
-async fn serve_until(port: u16, app: Router, stop: impl std::future::Future<Output = ()> + Send + 'static) -> Result<JoinHandle<()>> {
+/// connections too, so a stopped server looks like a dead process to Envoy's pool. Port 0
+/// binds one the OS picks (no window for another test to take it between probe and bind);
+/// the bound port is returned.
+async fn serve_until(port: u16, app: Router, stop: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(u16, JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    Ok(tokio::spawn(async move {
+    let port = listener.local_addr()?.port();
+    Ok((port, tokio::spawn(async move {
         let _ = axum::serve(listener, app).with_graceful_shutdown(stop).await;
-    }))
+    })))
 }
 
 /// What the fake state service answers to a pick.
@@ -69,19 +71,20 @@ pub struct FakeState {
 impl FakeState {
     pub async fn start(behavior: PickBehavior) -> Result<FakeState> {
         let shared = Arc::new(StateShared { behavior: Mutex::new(behavior), log: Mutex::default(), next_id: Mutex::new(0) });
-        let mut s = FakeState { port: free_port(), shared, task: None };
+        let mut s = FakeState { port: 0, shared, task: None };
         s.restart().await?;
         Ok(s)
     }
 
-    /// (Re)binds the same port.
+    /// Binds a port the OS picks the first time, the same port after a stop.
     pub async fn restart(&mut self) -> Result<()> {
         let app = Router::new().route("/v1/pick", post(pick)).route("/v1/report", post(report)).with_state(self.shared.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = serve_until(self.port, app, async move {
+        let (port, task) = serve_until(self.port, app, async move {
             let _ = rx.await;
         })
         .await?;
+        self.port = port;
         self.task = Some((task, tx));
         Ok(())
     }
@@ -204,8 +207,7 @@ impl FakeWorker {
             .route("/metrics", get(metrics))
             .fallback(any_path)
             .with_state(shared.clone());
-        let port = free_port();
-        let task = serve(port, app).await?;
+        let (port, task) = serve(app).await?;
         Ok(FakeWorker { port, name: name.to_string(), shared, _task: task })
     }
 
