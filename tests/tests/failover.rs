@@ -106,11 +106,14 @@ async fn worker_killed_under_load(mode: Mode) -> Result<()> {
     assert!(failed_after.is_empty(), "requests started after the worker died must be served: {failed_after:?}\n{}", s.log_tails());
     assert!(failed_before <= CONCURRENCY, "at most the requests in flight at the kill");
     assert!(after.iter().all(|o| o.worker != "1"));
-    // The path under test was taken: Envoy retried picks that still named the dead worker,
-    // and the filter told the state service, which stopped picking it.
+    // Which path saved the later requests is a race: Envoy retrying a pick that still named
+    // the dead worker, or the failure reports of the requests running at the kill taking it
+    // out before any pick named it (then no retry is needed; seen in CI). The retry path is
+    // shown deterministically by `a_reported_failure_stops_picks_until_the_worker_answers_again`;
+    // here either way the state service must have stopped picking it.
     let stats = s.envoy().stats("upstream_rq_retry$").await?;
     let retries: u64 = stats.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum();
-    assert!(retries >= 1, "no request needed a failover: {stats:?}");
+    println!("{mode:?} mode: {retries} Envoy retries");
     let w1 = s.worker_view(1).await?;
     assert_eq!(w1["takes_picks"], false, "{w1}");
     Ok(())
