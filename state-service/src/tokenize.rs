@@ -206,19 +206,22 @@ impl Tokenization {
 }
 
 /// Chat prompts through the template (media makes the ids inexact: vLLM adds placeholder
-/// tokens we do not reproduce), encoded as far as `budget` cache-missing bytes reach at a
-/// message boundary (exact: see `CachedEncoder::encode_prefix`); text prompts encoded whole
-/// as `/v1/completions` does when it fits the budget (a text has no boundary that is exact for
-/// every tokenizer), else not at all. Returns the encoding and the prompt's bytes.
+/// tokens we do not reproduce) and text prompts as `/v1/completions` encodes them, each as far
+/// as `budget` cache-missing bytes reach at a point the whole encoding also breaks at (a
+/// message boundary, or a space inside a long message or text: see
+/// `CachedEncoder::encode_prefix`). Returns the encoding and the prompt's bytes.
 fn encode(tokenizer: &ModelTokenizer, endpoint: i32, chat: &str, text: &str, budget: usize) -> Result<(Encoded, usize), TokenizeFailure> {
     if chat.is_empty() {
-        // A text has no message boundary to stop at, and an encoding cannot be stopped once
-        // started: one longer than the budget is not begun (a few of them would otherwise keep
-        // every core busy long after their picks gave up, starving the small ones).
-        if text.len() > budget {
-            return Err(TokenizeFailure::TooLong);
+        if text.len() <= budget {
+            return tokenizer.encode_text(text).map(|ids| (Encoded::whole(ids), text.len())).map_err(|e| failure(&e));
         }
-        return tokenizer.encode_text(text).map(|ids| (Encoded::whole(ids), text.len())).map_err(|e| failure(&e));
+        // An encoding cannot be stopped once started, so a longer text is encoded only up to
+        // the budget (a few whole ones would otherwise keep every core busy long after their
+        // picks gave up, starving the small ones), and not at all where no cut is exact.
+        return match tokenizer.encode_text_prefix(text, budget).map_err(|e| failure(&e))? {
+            Some(prefix) if !prefix.ids.is_empty() => Ok((Encoded { ids: prefix.ids, rest_bytes: prefix.rest_bytes }, text.len())),
+            _ => Err(TokenizeFailure::TooLong),
+        };
     }
     let api = match Endpoint::try_from(endpoint) {
         Ok(Endpoint::Messages) => Api::Messages,

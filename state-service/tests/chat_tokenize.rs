@@ -151,9 +151,9 @@ fn budgeted(bytes: usize) -> (Router, Arc<TestIndex>) {
     build(cfg, Some(fixture_dir()))
 }
 
-/// A cold conversation longer than the encoding budget is keyed exactly up to the last
-/// message boundary within it (the leading keys equal the whole prompt's), routed without
-/// degradation, and its size estimated from the rest.
+/// A cold conversation longer than the encoding budget is keyed exactly up to the budget
+/// (whole messages, then the next one up to a space: the leading keys equal the whole
+/// prompt's), routed without degradation, and its size estimated from the rest.
 #[tokio::test]
 async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
     let (app, index) = budgeted(700);
@@ -163,7 +163,7 @@ async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
     let cold = pick(&app, &req).await;
     assert_eq!((cold.tokenization, cold.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{cold:?}");
     let n = cold.total_blocks as usize;
-    assert!(n > 0 && n < keys.len(), "{n} of {} blocks: only the leading messages fit 700 bytes", keys.len());
+    assert!(n > 0 && n < keys.len(), "{n} of {} blocks: only the leading 700 bytes are encoded", keys.len());
     assert_eq!(cold.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
     let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
     let estimate = assignments["assignments"][0]["prompt_tokens"].as_u64().unwrap() as f64;
@@ -172,14 +172,34 @@ async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
     assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
 }
 
-/// A chat whose first message alone is longer than the encoding budget has no exact block
-/// within it: it is routed on the filter's text-chunk keys, degraded, never on load alone
-/// with empty "exact" keys (the production-shaped trace's long single-message prompts were).
+/// A chat whose first message alone is longer than the encoding budget is keyed exactly up to
+/// a space within it: routed undegraded on leading keys equal to the whole prompt's (the
+/// production-shaped trace's long single-message prompts were once routed on load alone, then
+/// on text chunks).
 #[tokio::test]
-async fn a_first_message_longer_than_the_budget_routes_on_text_chunks() {
-    let (app, _) = budgeted(700);
+async fn a_first_message_longer_than_the_budget_is_keyed_exactly_up_to_a_space_in_it() {
+    let (app, index) = budgeted(700);
     let long = "Summarise this report for the on-call engineer please. ".repeat(40);
-    let (req, _) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": long}]}));
+    let (req, input) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": long}]}));
+    let (_, keys) = expected(&input);
+    index.hold(EngineSlot(0), &keys);
+    let resp = pick(&app, &req).await;
+    assert_eq!((resp.tokenization, resp.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{resp:?}");
+    let n = resp.total_blocks as usize;
+    assert!(n >= 8 && n < keys.len(), "{n} of {} blocks: ~700 bytes of the message", keys.len());
+    assert_eq!(resp.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
+}
+
+/// A first message with no space within the budget (a pasted blob) has no exact block: it is
+/// routed on the filter's text-chunk keys, degraded, never on load alone with empty "exact"
+/// keys.
+#[tokio::test]
+async fn a_first_message_without_a_cut_within_the_budget_routes_on_text_chunks() {
+    let (app, _) = budgeted(700);
+    let blob = "U3VtbWFyaXNlIHRoaXMgcmVwb3J0Lg==".repeat(80);
+    let (req, _) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": blob}]}));
     assert!(!req.text_chunk_keys.is_empty());
     let resp = pick(&app, &req).await;
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "{resp:?}");
@@ -225,17 +245,31 @@ async fn text_prompts_use_the_local_tokenizer_too() {
     assert_eq!(resp.total_blocks as usize, ids.len() / 16);
 }
 
+/// A text prompt longer than the budget is encoded up to a space within it (its leading ids
+/// as `/v1/completions` computes them); one with no space there routes on text chunks.
 #[tokio::test]
-async fn a_text_prompt_longer_than_the_budget_is_not_encoded() {
+async fn a_text_prompt_longer_than_the_budget_is_keyed_up_to_a_space_in_it() {
     let mut cfg = config(&["a"]);
     cfg.tokenization.max_encode_bytes = 1000;
     cfg.tokenization.worker_fallback = false;
-    let (app, _) = build(cfg, Some(fixture_dir()));
+    let (app, index) = build(cfg, Some(fixture_dir()));
+    let pick_text = |text: &str| {
+        let keys = kvroute_core::keys::text_chunk_keys(&kvroute_core::KeyRoot::new("m", ""), text, 256).into_iter().map(|k| k.0).collect();
+        PickRequest { model: "m".into(), endpoint: Endpoint::Completions as i32, prompt_text: text.to_string(), text_chunk_keys: keys, ..Default::default() }
+    };
     let text = "Once upon a time a router learned to read KV events. ".repeat(40);
-    let keys = kvroute_core::keys::text_chunk_keys(&kvroute_core::KeyRoot::new("m", ""), &text, 256).into_iter().map(|k| k.0).collect();
-    let req = PickRequest { model: "m".into(), endpoint: Endpoint::Completions as i32, prompt_text: text, text_chunk_keys: keys, ..Default::default() };
-    let resp = pick(&app, &req).await;
+    let whole = reference().encode_text(&text).unwrap();
+    let keys: Vec<u64> = kvroute_tokenize::block_keys("m", "", &whole, 16).into_iter().map(|k| k.0).collect();
+    index.hold(EngineSlot(0), &keys);
+    let resp = pick(&app, &pick_text(&text)).await;
+    assert_eq!((resp.tokenization, resp.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{resp:?}");
+    let n = resp.total_blocks as usize;
+    assert!(n >= 10 && n < keys.len(), "{n} blocks of ~1000 bytes, {} in all", keys.len());
+    assert_eq!(resp.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
+    let resp = pick(&app, &pick_text(&"T25jZSB1cG9uIGEgdGltZQ==".repeat(60))).await;
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "routed on text chunks: {resp:?}");
+    let metrics = get_text(&app, "/metrics").await;
+    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="too_long"} 1"#]);
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use crate::chat::{ChatTemplate, RenderInput};
 /// Re-exported at its old path: callers name it `kvroute_tokenize::model::RenderedChat`.
 pub use crate::chat::RenderedChat;
 use crate::config::TokenizerConfig;
-use crate::encode::CachedEncoder;
+use crate::encode::{CachedEncoder, Prefix};
 use crate::error::TokenizeError;
 use crate::input::{self, RenderSettings};
 use crate::openai::ContentFormat;
@@ -137,6 +137,20 @@ impl ModelTokenizer {
             ids.insert(0, bos);
         }
         Ok(ids)
+    }
+
+    /// [`Self::encode_text`] of the text up to its last space within `budget` bytes, which are
+    /// exactly the whole text's first ids (see [`CachedEncoder::space_cut`]); only those bytes
+    /// are read, however long the text. `None` when no cut is exact: no such space, a tokenizer
+    /// that cannot be cut at spaces, or a post-processor that adds tokens (at the end too, for
+    /// all we know).
+    pub fn encode_text_prefix(&self, text: &str, budget: usize) -> Result<Option<Prefix>, TokenizeError> {
+        if self.text_post_processed {
+            return Ok(None);
+        }
+        let Some(cut) = self.encoder.space_cut(text, budget) else { return Ok(None) };
+        let ids = self.encode_text(&text[..cut])?;
+        Ok(Some(Prefix { ids, rest_bytes: text.len() - cut }))
     }
 
     /// Renders arbitrary template input (already normalized messages), for tests.

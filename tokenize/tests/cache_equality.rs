@@ -45,6 +45,12 @@ fn check(input: &Json, api: Api) {
             Err(e) => panic!("{name}: cached tokenization failed ({e}) where the uncached one gave {} ids, for {input}", whole.len()),
         }
     }
+    // Bounded encodings stop exactly, at message boundaries and at spaces inside messages.
+    let rendered = t.cold.render_chat(&text, api).unwrap_or_else(|e| panic!("render failed ({e}) for {input}")).text;
+    for budget in [0, 7, 64, 300, 1500] {
+        let p = t.cold.encoder().encode_prefix(&rendered, budget).unwrap_or_else(|e| panic!("prefix failed ({e}) for {input}"));
+        assert!(whole.starts_with(&p.ids), "the {budget}-byte prefix differs for {input}");
+    }
 }
 
 /// A completions prompt encodes through the piece cache like `tokenizers` on the whole text
@@ -121,19 +127,22 @@ proptest! {
 
 proptest! {
     /// A bounded prefix encoding is exactly a prefix of the whole encoding, stops at a piece
-    /// boundary, spends at most its budget on uncached text, and is the whole encoding when
-    /// the budget allows (cold: every byte counts; warm: cached pieces are free).
+    /// boundary or at a space inside the piece that does not fit, spends at most its budget on
+    /// uncached text, and is the whole encoding when the budget allows (cold: every byte
+    /// counts; warm: cached pieces are free).
     #[test]
     fn prefix_encoding_is_an_exact_prefix_within_its_budget(parts in prop::collection::vec(prop::sample::select(vec![
         "<|im_start|>user\n", "<|im_end|>\n", "Hello there, router.", " shared system prompt text ", "\n\n", "你好", "🚀 ",
+        "don't", " 'quoted' ", "12 345 6.7", "  ", " a", "e\u{301} x", "\t", "(see: docs)", "A", " B ",
     ]), 1..30), budget in 0usize..200) {
         let text: String = parts.concat();
         let t = tokenizers();
         let whole = t.cold.encoder().encode_uncached(&text, false).unwrap();
         let p = t.cold.encoder().encode_prefix(&text, budget).unwrap();
-        prop_assert!(whole.starts_with(&p.ids), "{:?} is not a prefix of {:?}", p.ids, whole);
+        prop_assert!(whole.starts_with(&p.ids), "{:?} is not a prefix of {:?} for {:?} within {}", p.ids, whole, text, budget);
         let text_bytes: usize = text.len() - text.matches("<|im_start|>").count() * 12 - text.matches("<|im_end|>").count() * 10;
         prop_assert!(p.rest_bytes <= text_bytes);
+        prop_assert!(text_bytes - p.rest_bytes <= budget, "encoded {} of {} text bytes within {}", text_bytes - p.rest_bytes, text_bytes, budget);
         if text_bytes <= budget {
             prop_assert!(p.complete(), "budget {} covers all {} text bytes", budget, text_bytes);
             prop_assert_eq!(&p.ids, &whole);
@@ -144,6 +153,42 @@ proptest! {
         prop_assert!(warm.complete());
         prop_assert_eq!(&warm.ids, &whole);
     }
+}
+
+/// A message longer than the budget is encoded up to its last space within the budget, so a
+/// long single-message prompt still gets exact leading blocks; one without a space there gets
+/// nothing of that message (the caller routes it on text chunks).
+#[test]
+fn a_message_longer_than_the_budget_is_encoded_up_to_a_space_in_it() {
+    let t = tokenizers();
+    assert!(t.cold.encoder().cuts_at_spaces(), "the Qwen3 pre-tokenizer starts a pre-token at every space between words");
+    let words = "Summarise this incident report for the on-call engineer, in 3 bullet points. ".repeat(400);
+    let text = format!("<|im_start|>user\n{words}<|im_end|>\n<|im_start|>assistant\n");
+    let whole = t.cold.encoder().encode_uncached(&text, false).unwrap();
+    let budget = 4096;
+    let p = t.cold.encoder().encode_prefix(&text, budget).unwrap();
+    let encoded = text.len() - 12 * 2 - 10 - p.rest_bytes;
+    assert!(encoded <= budget && encoded > budget - 16, "encoded {encoded} bytes of a {budget}-byte budget");
+    assert!(p.ids.len() > 500, "{} ids", p.ids.len());
+    assert!(whole.starts_with(&p.ids));
+    assert!(p.ids.len() < whole.len());
+    // No space within the budget: nothing of the message, only the token before it.
+    let blob = format!("<|im_start|>user\n{}<|im_end|>\n", "QUJDRA==".repeat(1000));
+    let p = t.cold.encoder().encode_prefix(&blob, budget).unwrap();
+    assert_eq!(p.ids.len(), 1);
+    assert!(t.cold.encoder().encode_uncached(&blob, false).unwrap().starts_with(&p.ids));
+}
+
+/// A text prompt longer than the budget: its leading ids as `encode_text` gives them.
+#[test]
+fn a_long_text_prompt_is_encoded_up_to_a_space_within_the_budget() {
+    let t = tokenizers();
+    let text = "Once upon a time a router learned to read KV events and route by them. ".repeat(200);
+    let whole = t.cold.encode_text(&text).unwrap();
+    let p = t.cold.encode_text_prefix(&text, 2048).unwrap().expect("Qwen3 adds no tokens around a text prompt");
+    assert!(p.ids.len() > 200 && p.ids.len() < whole.len(), "{} of {} ids", p.ids.len(), whole.len());
+    assert!(whole.starts_with(&p.ids));
+    assert!(text.len() - p.rest_bytes <= 2048);
 }
 
 #[test]

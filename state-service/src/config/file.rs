@@ -219,10 +219,12 @@ pub struct Tokenization {
     pub worker_timeout_ms: u64,
     /// After a failed worker call, skip the worker path of that model for this long.
     pub worker_retry_ms: u64,
-    /// Most bytes of not-yet-cached text one pick encodes; a chat beyond it is keyed exactly
-    /// up to its last message boundary within the budget (32 KiB: ~8k tokens, ~11 ms cold on
-    /// a shared 2-core VM; shared prefixes and history are cached pieces and cost nothing). A
-    /// text prompt longer than this is not encoded (routed on text chunks, `too_long`).
+    /// Most bytes of not-yet-cached text one pick encodes; a longer prompt is keyed exactly
+    /// up to the last message boundary within the budget, or up to a space inside the message
+    /// or text that does not fit (32 KiB: ~8k tokens, ~11 ms cold on a shared 2-core VM;
+    /// shared prefixes and history are cached pieces and cost nothing). Where no such point is
+    /// exact (no space within the budget, a tokenizer that cannot be cut at spaces) the pick
+    /// routes on text chunks (`truncated`, `too_long`).
     pub max_encode_bytes: usize,
     /// How long a pick waits for a local encoding before routing on text chunks; below the
     /// filter's pick timeout (50 ms by default) so the answer still arrives in time.

@@ -86,10 +86,12 @@ label_enum!(
         Status => "status",
         /// The worker's answer had no `tokens` array.
         Body => "body",
-        /// Only the leading messages within `tokenization.max_encode_bytes` were encoded (the
-        /// pick still used exact keys for them); or not even the first message fit.
+        /// Only the prompt's leading part within `tokenization.max_encode_bytes` was encoded (the
+        /// pick still used exact keys for it: whole messages, then the next one up to a
+        /// space); or nothing before the first cut fit.
         Truncated => "truncated",
-        /// A text prompt longer than `tokenization.max_encode_bytes`: not encoded at all.
+        /// A text prompt longer than `tokenization.max_encode_bytes` with no exact cut within
+        /// it (see `Truncated`): not encoded at all.
         TooLong => "too_long",
         /// The local encoding did not finish within `tokenization.deadline_ms`.
         Deadline => "deadline",
