@@ -229,6 +229,9 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
         .collect();
     let matched: Vec<u32> = held.iter().map(|h| h.matched).collect();
     let followers = followers(&loads, &matched);
+    let cached_tokens = |matched: u32| matched.saturating_mul(prompt.tokens_per_key).saturating_add(continued).min(prompt.prompt_tokens);
+    // What the warmest placement computes (placement_cost charges only the excess over it).
+    let least_uncached = prompt.prompt_tokens - cached_tokens(matched.iter().copied().max().unwrap_or(0));
     // By reference into a new Vec: collecting in place would reuse (and then shrink, with a
     // realloc) the larger views' buffer.
     workers
@@ -245,10 +248,10 @@ fn candidates(state: &AppState, policy: Policy, workers: Vec<WorkerView>, prompt
                 step_tokens: worker.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens),
                 reload_ms_per_token: worker.entry.config.reload_ms_per_token.unwrap_or(priors.reload_ms_per_token),
             };
-            let tokens = matched.saturating_mul(prompt.tokens_per_key).saturating_add(continued).min(prompt.prompt_tokens);
+            let tokens = cached_tokens(matched);
             let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
             let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
-            let cost_ms = placement_cost(&prediction, cost.per_token_ms, followers, state.config.queue_externality);
+            let cost_ms = placement_cost(&prediction, cost.per_token_ms, least_uncached, followers, state.config.queue_externality);
             let set = sets.as_ref().and_then(|s| s.get(i).copied()).unwrap_or_default();
             let exact = prompt.exact;
             let peer = PeerView {

@@ -85,9 +85,9 @@ async fn cached_worker_wins_on_equal_queues_idle_worker_wins_behind_a_long_queue
     assert_eq!((warm.worker_id.as_str(), warm.matched_blocks, warm.total_blocks), ("a", 200, 250));
     state.reset();
     // 60 waiting requests of ~512 tokens ahead on a: ~30k tokens of waiting against the
-    // 3200 saved, more than the placement cost charges b's prefill to b's queue (4000 tokens
-    // x 2 waiting x weight 2) and beyond the affinity tolerance. (At 40 waiting, ~21k tokens,
-    // the costs are within 16%, a tie, and the cached worker keeps the prompt.)
+    // 3200 saved, more than the placement cost charges b's extra prefill to the queue there
+    // (3200 tokens beyond a's 800, x 2 waiting x weight 2) and beyond the affinity tolerance.
+    // (At 40 waiting, ~21k tokens, the cached worker still keeps the prompt.)
     set_load(&state, "a", 8, 60);
     let cold = pick(&state, &req("m", &prompt));
     assert_eq!((cold.worker_id.as_str(), cold.matched_blocks), ("b", 0));
