@@ -151,45 +151,44 @@ fn budgeted(bytes: usize) -> (Router, Arc<TestIndex>) {
     build(cfg, Some(fixture_dir()))
 }
 
-/// A cold conversation longer than the encoding budget is keyed exactly up to the budget
-/// (whole messages, then the next one up to a space: the leading keys equal the whole
-/// prompt's), routed without degradation, and its size estimated from the rest.
-#[tokio::test]
-async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
+/// Picks `body` on a 700-byte encoding budget with worker 0 holding all of the prompt's keys:
+/// the pick must be exact and undegraded, on leading keys equal to the whole prompt's, counted
+/// `truncated`, on fewer keys than the whole prompt's. Returns its keys, the whole prompt's ids
+/// and the app.
+async fn keyed_up_to_the_budget(body: &Value) -> (usize, Vec<u32>, Router) {
     let (app, index) = budgeted(700);
-    let (req, input) = chat_pick(&chat_body());
+    let (req, input) = chat_pick(body);
     let (ids, keys) = expected(&input);
-    index.hold(EngineSlot(0), &keys);
-    let cold = pick(&app, &req).await;
-    assert_eq!((cold.tokenization, cold.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{cold:?}");
-    let n = cold.total_blocks as usize;
-    assert!(n > 0 && n < keys.len(), "{n} of {} blocks: only the leading 700 bytes are encoded", keys.len());
-    assert_eq!(cold.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
-    let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
-    let estimate = assignments["assignments"][0]["prompt_tokens"].as_u64().unwrap() as f64;
-    assert!((estimate / ids.len() as f64 - 1.0).abs() < 0.5, "estimated {estimate} of {} tokens", ids.len());
-    let metrics = get_text(&app, "/metrics").await;
-    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
-}
-
-/// A chat whose first message alone is longer than the encoding budget is keyed exactly up to
-/// a space within it: routed undegraded on leading keys equal to the whole prompt's (the
-/// production-shaped trace's long single-message prompts were once routed on load alone, then
-/// on text chunks).
-#[tokio::test]
-async fn a_first_message_longer_than_the_budget_is_keyed_exactly_up_to_a_space_in_it() {
-    let (app, index) = budgeted(700);
-    let long = "Summarise this report for the on-call engineer please. ".repeat(40);
-    let (req, input) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": long}]}));
-    let (_, keys) = expected(&input);
     index.hold(EngineSlot(0), &keys);
     let resp = pick(&app, &req).await;
     assert_eq!((resp.tokenization, resp.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{resp:?}");
     let n = resp.total_blocks as usize;
-    assert!(n >= 8 && n < keys.len(), "{n} of {} blocks: ~700 bytes of the message", keys.len());
+    assert!(n > 0 && n < keys.len(), "{n} of {} blocks: only the leading 700 bytes are encoded", keys.len());
     assert_eq!(resp.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
     let metrics = get_text(&app, "/metrics").await;
     assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
+    (n, ids, app)
+}
+
+/// A cold conversation longer than the encoding budget is keyed exactly up to the budget
+/// (whole messages, then the next one up to a space), routed without degradation, and its
+/// size estimated from the rest.
+#[tokio::test]
+async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
+    let (_, ids, app) = keyed_up_to_the_budget(&chat_body()).await;
+    let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
+    let estimate = assignments["assignments"][0]["prompt_tokens"].as_u64().unwrap() as f64;
+    assert!((estimate / ids.len() as f64 - 1.0).abs() < 0.5, "estimated {estimate} of {} tokens", ids.len());
+}
+
+/// A chat whose first message alone is longer than the encoding budget is keyed exactly up to
+/// a space within it (the production-shaped trace's long single-message prompts were once
+/// routed on load alone, then on text chunks).
+#[tokio::test]
+async fn a_first_message_longer_than_the_budget_is_keyed_exactly_up_to_a_space_in_it() {
+    let long = "Summarise this report for the on-call engineer please. ".repeat(40);
+    let (n, _, _) = keyed_up_to_the_budget(&json!({"model": "m", "messages": [{"role": "user", "content": long}]})).await;
+    assert!(n >= 8, "{n} blocks: ~700 bytes of the message");
 }
 
 /// A first message with no space within the budget (a pasted blob) has no exact block: it is
