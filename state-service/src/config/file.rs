@@ -42,8 +42,8 @@ pub struct Config {
     /// kvroute policy: the weight of a placement's cost to the requests queued behind it
     /// (score::model::placement_cost): 1 charges each waiting request the prefill it would
     /// wait for beyond what the warmest placement computes (Little's law), 0 picks on
-    /// predicted TTFT alone, more keeps conversations on
-    /// their worker longer at the cost of longer queues there. 2 (the default) measured best on
+    /// predicted TTFT alone, more keeps conversations on their worker longer at the cost of
+    /// longer queues there. 2 (the default) measured best on
     /// the production-shaped trace (bench/README.md "Placement cost": 1 and 4 were worse): the
     /// queue counted is the movers' (the worker holding the prompt is left out), and requests
     /// arriving while the prefill runs wait for it too.
