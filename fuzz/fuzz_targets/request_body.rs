@@ -8,7 +8,8 @@
 //!   an escaped key injected first (which makes the scanner decline, so serde_json parses the
 //!   whole body) must parse to the same request, or fail with the same error kind;
 //! - key counts are `len / block` and the first key is `chain(root, first block)`;
-//! - a chat prompt's `template_input` is a JSON object holding a `messages` array.
+//! - a chat prompt's `template_input` is a JSON object holding a `messages` array (for the
+//!   Responses API, its `input`: a string or an array of items).
 #![no_main]
 
 use kvroute_core::keys::{chain, extend_token_keys, text_chunk_keys, token_block_keys, KeyRoot, DEFAULT_TEXT_CHUNK_BYTES};
@@ -27,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
             compare(api, data, &result, &parse(api, forced));
         }
         match result {
-            Ok(req) => use_request(&req),
+            Ok(req) => use_request(api, &req),
             Err(e) => {
                 let _ = (e.kind(), e.to_string());
             }
@@ -72,7 +73,7 @@ fn compare(api: Api, data: &[u8], fast: &Result<PromptRequest, ParseError>, slow
     assert!(same, "{api:?}: the scanner changed the result\nbody: {:?}\nscanner path: {fast:?}\nserde path: {slow:?}", String::from_utf8_lossy(data));
 }
 
-fn use_request(req: &PromptRequest) {
+fn use_request(api: Api, req: &PromptRequest) {
     let root = KeyRoot::new(&req.model, &req.cache_salt);
     let text = req.canonical_text();
     for chunk in [DEFAULT_TEXT_CHUNK_BYTES, 7, 1] {
@@ -101,7 +102,12 @@ fn use_request(req: &PromptRequest) {
         Prompt::Chat { template_input, canonical } => {
             assert_eq!(text, canonical.as_str());
             let v: serde_json::Value = serde_json::from_str(template_input).expect("template_input is JSON");
-            assert!(v.get("messages").is_some_and(serde_json::Value::is_array), "template_input without messages: {template_input}");
+            if api == Api::Responses {
+                let input = v.get("input");
+                assert!(input.is_some_and(|i| i.is_string() || i.is_array()), "Responses template_input without input: {template_input}");
+            } else {
+                assert!(v.get("messages").is_some_and(serde_json::Value::is_array), "template_input without messages: {template_input}");
+            }
         }
     }
 }
