@@ -110,8 +110,14 @@ pub fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
 }
 
 pub fn increment(metric: Option<u32>) {
-    if let Some(id) = metric {
-        let _ = hc::increment_metric(id, 1);
+    add(metric, 1);
+}
+
+pub fn add(metric: Option<u32>, n: u64) {
+    if let (Some(id), Ok(n)) = (metric, i64::try_from(n)) {
+        if n > 0 {
+            let _ = hc::increment_metric(id, n);
+        }
     }
 }
 

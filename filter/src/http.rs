@@ -14,7 +14,7 @@ use crate::config::Cidr;
 use crate::host;
 use crate::identity::{resolve, Facts};
 use crate::reply::{self, Reply};
-use crate::report::ResponseTracker;
+use crate::report::{ResponseTracker, REPORTS_PER_PICK};
 use crate::shared::Shared;
 use kvroute_core::request::{parse, Api};
 use kvroute_core::wire::{DegradedReason, LocateRequest, PickResponse, Report, ReportKind};
@@ -60,6 +60,9 @@ pub struct HttpFilter {
     previous_response_id: String,
     /// The stream ends with a usage event (else its body is never read).
     stream_usage: bool,
+    /// Reports of earlier requests riding along with the pick in flight: put back in the
+    /// queue unless its answer confirms them (`PickResponse.reports_applied`).
+    carried: Vec<Report>,
 }
 
 /// Identity's view of the host, for one request's headers.
@@ -93,6 +96,7 @@ impl HttpFilter {
             api: None,
             previous_response_id: String::new(),
             stream_usage: false,
+            carried: Vec::new(),
         }
     }
 
@@ -127,20 +131,24 @@ impl HttpFilter {
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
         self.stream_usage = req.stream_usage || c.stream_usage == crate::config::StreamUsage::Always;
         self.meta.assignment_id = self.shared.ids.next();
-        let pick = build_pick(c, &req, &self.meta).encode_to_vec();
+        let mut pick = build_pick(c, &req, &self.meta);
+        pick.reports = self.shared.reports.try_borrow_mut().map(|mut q| q.take(REPORTS_PER_PICK)).unwrap_or_default();
+        let encoded = pick.encode_to_vec();
+        self.carried = pick.reports;
         let timeout = if self.previous_response_id.is_empty() { c.pick_timeout } else { c.affinity_timeout };
         let deadline = timeout.as_millis().to_string();
         let mut extra: Vec<(&str, &str)> = vec![("x-kvroute-deadline-ms", deadline.as_str())];
         if !self.meta.request_id.is_empty() {
             extra.push(("x-request-id", self.meta.request_id.as_str()));
         }
-        match host::post(c, &c.pick_path, &pick, timeout, &extra) {
+        match host::post(c, &c.pick_path, &encoded, timeout, &extra) {
             Ok(token) => {
                 host::increment(self.shared.metrics.picks);
                 self.phase = Phase::Picking { token, sent_ms: host::now_ms() };
                 Action::Pause
             }
             Err(status) => {
+                self.return_carried();
                 self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"));
                 Action::Continue
             }
@@ -158,6 +166,11 @@ impl HttpFilter {
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
+        // A service from before `PickRequest.reports` answers 0: they go again in a batch.
+        if resp.reports_applied as usize >= self.carried.len() {
+            host::add(self.shared.metrics.reports_sent, self.carried.len() as u64);
+            self.carried.clear();
+        }
         if let Some(rejection) = &resp.rejection {
             host::increment(self.shared.metrics.rejected);
             host::log(LogLevel::Info, &format!("kvroute: request {} of tenant {} rejected: {}", self.meta.request_id, self.meta.tenant, rejection.message));
@@ -253,6 +266,16 @@ impl HttpFilter {
         }
     }
 
+    /// The carried reports whose delivery the pick's answer did not confirm go back in the queue.
+    fn return_carried(&mut self) {
+        if self.carried.is_empty() {
+            return;
+        }
+        let carried = std::mem::take(&mut self.carried);
+        let Ok(mut q) = self.shared.reports.try_borrow_mut() else { return };
+        host::add(self.shared.metrics.reports_dropped, q.requeue(carried));
+    }
+
     fn queue(&self, reports: impl IntoIterator<Item = Report>) {
         let Ok(mut q) = self.shared.reports.try_borrow_mut() else { return };
         for r in reports {
@@ -285,7 +308,9 @@ impl Context for HttpFilter {
         self.phase = Phase::Idle;
         let elapsed = (host::now_ms() - sent_ms).max(0.0);
         host::record(self.shared.metrics.pick_latency_us, (elapsed * 1000.0).round() as u64);
-        match self.apply_pick(body_size) {
+        let applied = self.apply_pick(body_size);
+        self.return_carried();
+        match applied {
             // Answered here: the request goes nowhere.
             Ok(Some(reply)) => return host::send_reply(&reply),
             Ok(None) => {}
@@ -436,7 +461,7 @@ impl HttpContext for HttpFilter {
             } else {
                 Vec::new()
             };
-            let reports = t.on_body(body_size, &chunk, end_of_stream, host::now_ms());
+            let reports = t.on_body(body_size, &chunk, end_of_stream, host::now_ms);
             self.queue(reports);
         }
         Action::Continue
@@ -446,6 +471,7 @@ impl HttpContext for HttpFilter {
         if matches!(self.phase, Phase::Picking { .. }) {
             // The client went away while the pick was in flight: its answer will never be used.
             self.phase = Phase::Idle;
+            self.return_carried();
             self.cancel_assignment();
         }
         if let Some(t) = self.tracker.as_mut() {

@@ -2,9 +2,12 @@
 //! into reports, and a bounded queue that batches them for one `POST /v1/report` per flush.
 //!
 //! Reports never sit on a request's critical path: HTTP contexts only push into the queue
-//! (shared through an `Rc` with the root context of the same VM; a VM is single-threaded), and
-//! the root context's tick sends whatever is pending. When the state service is away the queue
-//! drops its oldest entries past `max_pending` (the service frees unreported assignments by TTL).
+//! (shared through an `Rc` with the root context of the same VM; a VM is single-threaded). A
+//! pick takes up to [`REPORTS_PER_PICK`] of them along (`PickRequest.reports`), and the root
+//! context's tick sends whatever is still pending: under load the picks carry every report
+//! and the proxy makes no report call of its own, which was most of what routing cost Envoy's
+//! CPU per request (tests/LATENCY.md). When the state service is away the queue drops its
+//! oldest entries past `max_pending` (the service frees unreported assignments by TTL).
 
 use crate::usage::{parse_usage, Tail};
 use kvroute_core::wire::{Report, ReportBatch, ReportKind, UpstreamFailure};
@@ -51,14 +54,39 @@ impl ReportQueue {
 
     /// Removes up to `max_batch` reports and encodes them as one ReportBatch.
     pub fn take_batch(&mut self) -> Option<(usize, Vec<u8>)> {
-        if self.pending.is_empty() {
+        let reports = self.take(self.max_batch);
+        if reports.is_empty() {
             return None;
         }
-        let n = self.pending.len().min(self.max_batch);
-        let batch = ReportBatch { reports: self.pending.drain(..n).collect() };
-        Some((n, batch.encode_to_vec()))
+        Some((reports.len(), ReportBatch { reports }.encode_to_vec()))
+    }
+
+    /// Removes up to `max` of the oldest reports (for a pick to carry).
+    pub fn take(&mut self, max: usize) -> Vec<Report> {
+        let n = self.pending.len().min(max);
+        self.pending.drain(..n).collect()
+    }
+
+    /// Puts back reports whose delivery is not confirmed, ahead of newer ones (reports are
+    /// idempotent at the state service, so one that did arrive is only counted a duplicate).
+    /// Past `max_pending` the oldest are dropped, as in [`ReportQueue::push`]; returns how many.
+    pub fn requeue(&mut self, reports: Vec<Report>) -> u64 {
+        for r in reports.into_iter().rev() {
+            self.pending.push_front(r);
+        }
+        let mut dropped = 0;
+        while self.pending.len() > self.max_pending {
+            self.pending.pop_front();
+            dropped += 1;
+        }
+        self.dropped += dropped;
+        dropped
     }
 }
+
+/// How many pending reports a pick carries at most: enough for the two reports per request a
+/// busy proxy produces between its picks, few enough not to slow the pick itself.
+pub const REPORTS_PER_PICK: usize = 32;
 
 /// The response side of one routed request: decides which reports it produces.
 #[derive(Debug)]
@@ -199,7 +227,10 @@ impl ResponseTracker {
     /// state service does not feed to its TTFT calibration) and still tells it prefill is
     /// done. Reporting the completion time would teach the calibration that a worker answering
     /// long non-streamed requests is slow to first token.
-    pub fn on_body(&mut self, len: usize, chunk: &[u8], end_of_stream: bool, now_ms: f64) -> Vec<Report> {
+    ///
+    /// `clock` gives the host time (ms); it is asked only when a report is made, so the chunks
+    /// between the first and the last cost no host call for it.
+    pub fn on_body(&mut self, len: usize, chunk: &[u8], end_of_stream: bool, clock: impl FnOnce() -> f64) -> Vec<Report> {
         let mut out = Vec::new();
         if self.done {
             return out;
@@ -209,7 +240,12 @@ impl ResponseTracker {
             let deltas = if self.reads_body { count(chunk, b"\"delta\"") } else { u32::from(len > 0) };
             self.streamed = self.streamed.saturating_add(deltas);
         }
-        if len > 0 && !self.first_token {
+        let first = len > 0 && !self.first_token;
+        if !first && !end_of_stream {
+            return out;
+        }
+        let now_ms = clock();
+        if first {
             self.first_token = true;
             let mut r = self.report(ReportKind::ReportFirstToken, now_ms);
             if !self.streaming {
@@ -302,9 +338,9 @@ mod tests {
     fn a_failover_is_told_once_with_who_answered() {
         let mut t = ResponseTracker::new(5, 0.0, 64, true);
         t.on_headers(Some(200), false, 1.0, (UpstreamFailure::UpstreamFailedOver, "127.0.0.1:2".into()));
-        let first = t.on_body(4, b"data", false, 2.0);
+        let first = t.on_body(4, b"data", false, || 2.0);
         assert_eq!((first[0].upstream_failure, first[0].served_by.as_str()), (UpstreamFailure::UpstreamFailedOver as i32, "127.0.0.1:2"));
-        let done = t.on_body(4, b"data", true, 3.0);
+        let done = t.on_body(4, b"data", true, || 3.0);
         assert_eq!((done[0].upstream_failure, done[0].served_by.as_str()), (0, ""));
         let mut refused = ResponseTracker::new(6, 0.0, 64, false);
         let r = refused.on_headers(Some(503), true, 1.0, (UpstreamFailure::UpstreamConnectFailure, String::new()));
@@ -315,13 +351,13 @@ mod tests {
     fn streaming_response_reports_first_token_then_complete_with_usage() {
         let mut t = ResponseTracker::new(9, 100.0, 1024, true);
         assert!(t.on_headers(Some(200), false, 101.0, ok()).is_empty());
-        let r = t.on_body(0, b"", false, 102.0);
+        let r = t.on_body(0, b"", false, || 102.0);
         assert!(r.is_empty(), "an empty chunk is not a token");
-        let r = t.on_body(10, b"data: {}\n\n", false, 130.0);
+        let r = t.on_body(10, b"data: {}\n\n", false, || 130.0);
         assert_eq!(kinds(&r), vec![ReportKind::ReportFirstToken as i32]);
         assert_eq!((r[0].assignment_id, r[0].elapsed_ms, r[0].status), (9, 30.0, 200));
         let last = b"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
-        let r = t.on_body(last.len(), last, true, 150.0);
+        let r = t.on_body(last.len(), last, true, || 150.0);
         assert_eq!(kinds(&r), vec![ReportKind::ReportComplete as i32]);
         assert_eq!((r[0].prompt_tokens, r[0].completion_tokens, r[0].elapsed_ms), (5, 2, 50.0));
         assert_eq!(t.on_log(160.0), None);
@@ -331,7 +367,7 @@ mod tests {
     fn single_chunk_body_reports_both_and_header_only_completes() {
         let mut t = ResponseTracker::new(1, 0.0, 64, false);
         t.on_headers(Some(200), false, 1.0, ok());
-        let r = t.on_body(3, b"abc", true, 5.0);
+        let r = t.on_body(3, b"abc", true, || 5.0);
         assert_eq!(kinds(&r), vec![1, 2]);
         assert_eq!((r[0].elapsed_ms, r[1].elapsed_ms), (0.0, 5.0), "a non-streamed body's first byte is no TTFT");
         let mut h = ResponseTracker::new(2, 0.0, 64, false);
@@ -347,9 +383,9 @@ mod tests {
 data: {"choices":[{"delta":{"content":"b"}}]}
 
 "#;
-        let first = t.on_body(chunk.len(), chunk, false, 2.0);
+        let first = t.on_body(chunk.len(), chunk, false, || 2.0);
         assert_eq!(first[0].tenant, "team");
-        t.on_body(chunk.len(), chunk, false, 3.0);
+        t.on_body(chunk.len(), chunk, false, || 3.0);
         let cancel = t.on_log(4.0).unwrap();
         assert_eq!((cancel.kind, cancel.completion_tokens, cancel.tenant.as_str()), (ReportKind::ReportCancel as i32, 4, "team"));
     }
@@ -359,9 +395,10 @@ data: {"choices":[{"delta":{"content":"b"}}]}
         let mut t = ResponseTracker::new(5, 0.0, 1024, true).without_stream_usage(false);
         assert!(!t.reads_body());
         t.on_headers(Some(200), false, 1.0, ok());
-        assert_eq!(kinds(&t.on_body(120, &[], false, 2.0)), vec![ReportKind::ReportFirstToken as i32]);
-        t.on_body(118, &[], false, 3.0);
-        let done = t.on_body(0, &[], true, 4.0);
+        assert_eq!(kinds(&t.on_body(120, &[], false, || 2.0)), vec![ReportKind::ReportFirstToken as i32]);
+        // A chunk between the first and the last makes no report: it asks no time of the host.
+        t.on_body(118, &[], false, || panic!("the clock is read only for a report"));
+        let done = t.on_body(0, &[], true, || 4.0);
         assert_eq!((done[0].kind, done[0].completion_tokens), (ReportKind::ReportComplete as i32, 2), "two chunks, two tokens");
         assert!(ResponseTracker::new(5, 0.0, 1024, false).without_stream_usage(false).reads_body(), "a JSON body ends with its usage");
         assert!(ResponseTracker::new(5, 0.0, 1024, true).without_stream_usage(true).reads_body());
@@ -378,16 +415,16 @@ data: {"choices":[{"delta":{"content":"b"}}]}
         assert!(t.wants_head());
         t.on_head(stream);
         assert!(!t.wants_head());
-        let first = t.on_body(stream.len(), stream, false, 1.0);
+        let first = t.on_body(stream.len(), stream, false, || 1.0);
         assert_eq!(first[0].response_id, "resp_9");
-        assert_eq!(t.on_body(0, b"", true, 2.0)[0].response_id, "resp_9", "the complete report too");
+        assert_eq!(t.on_body(0, b"", true, || 2.0)[0].response_id, "resp_9", "the complete report too");
     }
 
     #[test]
     fn abort_before_completion_is_a_cancel() {
         let mut t = ResponseTracker::new(3, 0.0, 64, true);
         t.on_headers(Some(200), false, 1.0, ok());
-        t.on_body(4, b"data", false, 2.0);
+        t.on_body(4, b"data", false, || 2.0);
         let c = t.on_log(9.0).unwrap();
         assert_eq!((c.kind, c.elapsed_ms), (ReportKind::ReportCancel as i32, 9.0));
         assert_eq!(t.on_log(10.0), None);
@@ -408,5 +445,24 @@ data: {"choices":[{"delta":{"content":"b"}}]}
         assert_eq!(batch.reports.iter().map(|r| r.assignment_id).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(q.take_batch().map(|(n, _)| n), Some(1));
         assert!(q.take_batch().is_none() && q.is_empty());
+    }
+
+    #[test]
+    fn a_pick_carries_the_oldest_and_gives_back_what_was_not_confirmed() {
+        let ids = |rs: &[Report]| rs.iter().map(|r| r.assignment_id).collect::<Vec<_>>();
+        let mut q = ReportQueue::new(4, 8);
+        for id in 1..=3 {
+            q.push(Report { assignment_id: id, ..Report::default() });
+        }
+        let carried = q.take(2);
+        assert_eq!(ids(&carried), vec![1, 2]);
+        q.push(Report { assignment_id: 4, ..Report::default() });
+        q.push(Report { assignment_id: 5, ..Report::default() });
+        // Back ahead of the newer ones; over max_pending the oldest go.
+        assert_eq!(q.requeue(carried), 1);
+        assert_eq!((q.len(), q.dropped()), (4, 1));
+        let (_, bytes) = q.take_batch().unwrap();
+        assert_eq!(ids(&ReportBatch::decode(bytes.as_slice()).unwrap().reports), vec![2, 3, 4, 5]);
+        assert!(q.take(REPORTS_PER_PICK).is_empty());
     }
 }

@@ -36,9 +36,7 @@ impl Context for Root {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status");
         if is_success(status.as_deref()) {
             self.batch = None;
-            if let Some(id) = shared.metrics.reports_sent {
-                let _ = hostcalls::increment_metric(id, i64::try_from(count).unwrap_or(i64::MAX));
-            }
+            host::add(shared.metrics.reports_sent, count as u64);
         } else {
             host::increment(shared.metrics.report_failures);
             host::log(LogLevel::Debug, &format!("kvroute: report batch of {count} failed, status {status:?}"));

@@ -128,6 +128,9 @@ async fn pick(State(s): State<Arc<StateShared>>, body: Bytes) -> Response {
         tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
         behavior = *then;
     }
+    // `PickRequest.reports` is ignored and `reports_applied` left 0, as by a service from
+    // before the field: the filter sends the reports it carried again in a ReportBatch, so
+    // `reports()` sees each once (this is the compatibility path's test).
     let resp = match behavior {
         PickBehavior::Route { worker, endpoint, cluster } => {
             let mut id = s.next_id.lock();

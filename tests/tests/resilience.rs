@@ -218,3 +218,33 @@ async fn targets_not_allowed(host: Host) -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// Issue 18: a pick carries the reports pending in the proxy (`PickRequest.reports`), so a
+/// proxy whose picks come at least as often as its flushes makes no report call of its own.
+/// With a flush period no test outlives, every report the state service applies came with a
+/// later pick: each request's first-token and complete reports arrive with the next request.
+#[tokio::test]
+async fn reports_ride_along_with_the_next_pick() -> Result<()> {
+    for_each_host(reports_ride_along).await
+}
+
+async fn reports_ride_along(host: Host) -> Result<()> {
+    let s = stack(host, Mode::Endpoint, json!({"report_flush_ms": 3_600_000})).await?;
+    for i in 0..4u32 {
+        let r = s.client.post(s.url("/v1/completions")).json(&completion(MODEL, &tokens(400 + i, 64), 3, i % 2 == 0)).send().await?;
+        assert_eq!(r.status(), 200);
+        assert!(!header(&r, "x-kvroute-decision").is_empty(), "routed");
+        r.bytes().await?;
+        // The response is over, its reports queued: the next pick takes them.
+        assert_eq!((applied(&s, "first_token").await?, applied(&s, "complete").await?), (f64::from(i), f64::from(i)), "{}", s.log_tails());
+    }
+    counter_is(&s, "kvroute_reports_sent", 6).await?;
+    Ok(())
+}
+
+/// The state service's count of applied reports of one kind.
+async fn applied(s: &Stack, kind: &str) -> Result<f64> {
+    let metrics = s.client.get(s.state_url("/metrics")).send().await?.text().await?;
+    let series = format!("kvroute_reports_total{{kind=\"{kind}\",outcome=\"applied\"}}");
+    Ok(metrics.lines().find(|l| l.starts_with(&series)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0))
+}

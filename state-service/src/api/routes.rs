@@ -34,13 +34,18 @@ pub async fn pick(State(state): State<AppState>, headers: HeaderMap, body: Bytes
         return Err(ApiError::Overloaded(state.config.resilience.max_concurrent_picks));
     };
     let request: PickRequest = format.decode(&body, "PickRequest")?;
+    // The reports riding along first: a completion they carry frees its worker's load before
+    // this pick is scored. Applied even when the pick is refused below (its proxy then sends
+    // them again, which the service counts as duplicates: reports are idempotent).
+    let applied = apply_reports(&state, &request.reports);
     if !request.tenant.is_empty() && !crate::tenancy::valid_tenant(&request.tenant) {
         return Err(ApiError::BadRequest("PickRequest.tenant: 1 to 128 printable characters, no spaces".into()));
     }
     // Tokenizing may use most of the proxy's time, never all of it: the decision and the
     // answer's trip back need the rest.
     let until = deadline.map(|d| arrived + d.mul_f64(0.7));
-    let response = crate::pick::tokenized::pick(&state, &request, until).await;
+    let mut response = crate::pick::tokenized::pick(&state, &request, until).await;
+    response.reports_applied = applied;
     if deadline.is_some_and(|d| arrived.elapsed() > d) && response.assignment_id != 0 {
         let applied = state.apply(FleetEvent::Cancelled { id: AssignmentId(response.assignment_id) });
         crate::report::refund(&state, &applied);
@@ -55,10 +60,16 @@ pub const DEADLINE_HEADER: &str = "x-kvroute-deadline-ms";
 pub async fn report(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<StatusCode, ApiError> {
     let format = Format::from_headers(&headers)?;
     let batch: ReportBatch = format.decode(&body, "ReportBatch")?;
-    for report in &batch.reports {
-        crate::report::apply(&state, report);
-    }
+    apply_reports(&state, &batch.reports);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Applies reports from a ReportBatch or a pick's `reports`; returns how many it took.
+fn apply_reports(state: &AppState, reports: &[kvroute_core::wire::Report]) -> u32 {
+    for report in reports {
+        crate::report::apply(state, report);
+    }
+    u32::try_from(reports.len()).unwrap_or(u32::MAX)
 }
 
 /// Where a stored Responses API response lives (the proxy's `GET` / `DELETE` / cancel on
