@@ -56,8 +56,8 @@ async fn cpu_per_streamed_request() -> Result<()> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     let phases = [(stack.envoy().plain_url("/v1/completions"), true), (stack.envoy().url("/v1/completions"), true), (stack.envoy().url("/v1/completions"), false)];
     println!("\n### Envoy CPU per streamed request (ms; {n} requests per cell and phase, phases alternating by {BLOCK})\n");
-    println!("| prompt tokens | streamed tokens | plain listener | kvroute, stream with usage | ratio | kvroute, stream without usage | ratio | chunks read per request |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| prompt tokens | streamed tokens | plain listener | kvroute, stream with usage | ratio | kvroute, stream without usage | ratio | chunks read per request | state-service calls per kvroute request |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     // The simulated workers' max_model_len is 32768: the "32k" prompt leaves room for 1000 tokens.
     let default_cells: Vec<(usize, u32)> = [1024, 8192, 31_744].iter().flat_map(|p| [(*p, 100u32), (*p, 1000)]).collect();
     let cells: Vec<(usize, u32)> = env("KVROUTE_CPU_CELLS")
@@ -69,6 +69,9 @@ async fn cpu_per_streamed_request() -> Result<()> {
         // Body chunks the client read: a stream whose events Envoy coalesced (a busy moment)
         // costs it fewer callbacks, so phases compare only at equal counts.
         let mut chunks = [0u64; 3];
+        // Calls Envoy made to the state service (picks and report batches) in the two kvroute
+        // phases: what a report costs the proxy is one of them.
+        let mut calls = 0u64;
         // Warm-up (JIT, connections), then measure.
         for (url, usage) in &phases {
             for _ in 0..3 {
@@ -78,27 +81,38 @@ async fn cpu_per_streamed_request() -> Result<()> {
         }
         for _ in 0..n.div_ceil(BLOCK) {
             for (i, (url, usage)) in phases.iter().enumerate() {
+                let calls_before = state_calls(stack.envoy()).await?;
                 let before = process_cpu_ms(pid)?;
                 for _ in 0..BLOCK {
                     seed += 1;
                     chunks[i] += send(&client, url, prompt, output, *usage, seed).await?;
                 }
                 cpu[i] += process_cpu_ms(pid)? - before;
+                if i > 0 {
+                    calls += state_calls(stack.envoy()).await? - calls_before;
+                }
             }
         }
         let sent = (n.div_ceil(BLOCK) * BLOCK) as f64;
         let [plain, with_usage, without_usage] = cpu.map(|c| c / sent);
         let c = chunks.map(|c| c as f64 / sent);
         println!(
-            "| {prompt} | {output} | {plain:.2} | {with_usage:.2} | {:.2}x | {without_usage:.2} | {:.2}x | {:.0} / {:.0} / {:.0} |",
+            "| {prompt} | {output} | {plain:.2} | {with_usage:.2} | {:.2}x | {without_usage:.2} | {:.2}x | {:.0} / {:.0} / {:.0} | {:.2} |",
             with_usage / plain,
             without_usage / plain,
             c[0],
             c[1],
-            c[2]
+            c[2],
+            calls as f64 / (2.0 * sent)
         );
     }
     Ok(())
+}
+
+/// Requests Envoy has sent to the state service's cluster (picks and report batches).
+async fn state_calls(envoy: &kvroute_e2e::envoy::Envoy) -> Result<u64> {
+    let stats = envoy.stats("cluster.kvroute_state.upstream_rq_total").await?;
+    Ok(stats.iter().find(|(k, _)| k == "cluster.kvroute_state.upstream_rq_total").and_then(|(_, v)| v.trim().parse().ok()).unwrap_or(0))
 }
 
 /// Requests per phase before the next phase's turn.
