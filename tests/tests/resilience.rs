@@ -132,11 +132,7 @@ async fn reports_close_and_calibrate(host: Host) -> Result<()> {
     // none named a failed upstream (NGINX names the one that answered as IP and port apart;
     // the filter joins them).
     let metrics = s.client.get(s.state_url("/metrics")).send().await?.text().await?;
-    let applied = |kind: &str| {
-        let series = format!("kvroute_reports_total{{kind=\"{kind}\",outcome=\"applied\"}}");
-        metrics.lines().find(|l| l.starts_with(&series)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0)
-    };
-    assert!(applied("first_token") >= 16.0 && applied("complete") >= 16.0, "{metrics}");
+    assert!(applied_in(&metrics, "first_token") >= 16.0 && applied_in(&metrics, "complete") >= 16.0, "{metrics}");
     assert!(!metrics.contains("kvroute_upstream_failures_total{"), "no upstream failure reported: {metrics}");
     // A client that walks away mid-stream is reported as a cancel: the assignment is freed.
     let mut r = s.client.post(s.url("/v1/completions")).json(&completion(MODEL, &tokens(300, 64), 20_000, true)).send().await?;
@@ -242,9 +238,14 @@ async fn reports_ride_along(host: Host) -> Result<()> {
     Ok(())
 }
 
-/// The state service's count of applied reports of one kind.
+/// The state service's count of applied reports of one kind, read now.
 async fn applied(s: &Stack, kind: &str) -> Result<f64> {
     let metrics = s.client.get(s.state_url("/metrics")).send().await?.text().await?;
+    Ok(applied_in(&metrics, kind))
+}
+
+/// Applied reports of one kind in a `/metrics` text.
+fn applied_in(metrics: &str, kind: &str) -> f64 {
     let series = format!("kvroute_reports_total{{kind=\"{kind}\",outcome=\"applied\"}}");
-    Ok(metrics.lines().find(|l| l.starts_with(&series)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0))
+    metrics.lines().find(|l| l.starts_with(&series)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0)
 }
