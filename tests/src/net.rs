@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Result};
 use std::future::Future;
+use std::collections::BTreeSet;
 use std::net::TcpListener;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The credential the e2e stacks share: the state service's `api_token`, the filter's
@@ -19,19 +21,34 @@ pub fn client(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder().timeout(timeout).default_headers(headers).build().unwrap_or_default()
 }
 
-/// A port free right now on 127.0.0.1 (the OS picks it; the listener is closed at once).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+/// Ports this process has handed out. The OS may give a port it just freed to the next
+/// `bind(0)` (CI once gave Envoy's admin and listener the same one), so each is handed out once.
+static CLAIMED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Claims `ports` if all are free right now on 127.0.0.1 and none was handed out before.
+fn claim(ports: std::ops::Range<u32>) -> bool {
+    let Ok(mut claimed) = CLAIMED.lock() else { return false };
+    let free = ports.clone().all(|p| {
+        u16::try_from(p).is_ok_and(|p| p != 0 && !claimed.contains(&p) && TcpListener::bind(("127.0.0.1", p)).is_ok())
+    });
+    if free {
+        claimed.extend(ports.filter_map(|p| u16::try_from(p).ok()));
+    }
+    free
 }
 
-/// `n` consecutive free ports (for launchers that take a base port), probing from a random base.
+/// A port free right now on 127.0.0.1 (the OS picks it; the listener is closed at once), never
+/// one this process handed out before.
+pub fn free_port() -> u16 {
+    free_port_range(1)
+}
+
+/// `n` consecutive free ports (for launchers that take a base port), probing from bases the OS
+/// picks; 0 when none was found.
 pub fn free_port_range(n: u16) -> u16 {
     for _ in 0..200 {
-        let base = free_port();
-        if base == 0 || base > 65000 - n {
-            continue;
-        }
-        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+        let base = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(0, |a| a.port());
+        if claim(u32::from(base)..u32::from(base) + u32::from(n)) {
             return base;
         }
     }
