@@ -1,8 +1,8 @@
 //! Loopback ports and readiness polling.
 
 use anyhow::{bail, Result};
-use std::future::Future;
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,14 +25,14 @@ pub fn client(timeout: Duration) -> reqwest::Client {
 /// `bind(0)` (CI once gave Envoy's admin and listener the same one), so each is handed out once.
 static CLAIMED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
-/// Claims `ports` if all are free right now on 127.0.0.1 and none was handed out before.
-fn claim(ports: std::ops::Range<u32>) -> bool {
+/// Claims `n` ports from `base` if all are free right now on 127.0.0.1 and none was handed out
+/// before.
+fn claim(base: u16, n: u16) -> bool {
+    let Some(ports) = base.checked_add(n).filter(|_| base != 0).map(|end| base..end) else { return false };
     let Ok(mut claimed) = CLAIMED.lock() else { return false };
-    let free = ports.clone().all(|p| {
-        u16::try_from(p).is_ok_and(|p| p != 0 && !claimed.contains(&p) && TcpListener::bind(("127.0.0.1", p)).is_ok())
-    });
+    let free = ports.clone().all(|p| !claimed.contains(&p) && TcpListener::bind(("127.0.0.1", p)).is_ok());
     if free {
-        claimed.extend(ports.filter_map(|p| u16::try_from(p).ok()));
+        claimed.extend(ports);
     }
     free
 }
@@ -48,7 +48,7 @@ pub fn free_port() -> u16 {
 pub fn free_port_range(n: u16) -> u16 {
     for _ in 0..200 {
         let base = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(0, |a| a.port());
-        if claim(u32::from(base)..u32::from(base) + u32::from(n)) {
+        if claim(base, n) {
             return base;
         }
     }
