@@ -140,42 +140,55 @@ struct RawFields<'a>(#[serde(borrow)] HashMap<Cow<'a, str>, &'a RawValue>);
 /// then are fields parsed: a token-id prompt goes straight into a `Vec<u32>`, which keeps long
 /// prompts cheap in the filter (`examples/parse_bench.rs`).
 pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
-    let fields: Vec<(Cow<str>, &[u8])> = match scan::top_level_fields(body) {
-        Some(fields) => fields.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect(),
+    let prompt_field = (api == Api::Completions).then_some("prompt");
+    let fields: Vec<RawField> = match scan::top_level_fields(body, prompt_field) {
+        Some(fields) => fields.into_iter().map(|f| (Cow::Borrowed(f.key), f.raw, f.tokens)).collect(),
         None => {
             let RawFields(fields) = serde_json::from_slice(body).map_err(|e| classify(body, e))?;
-            fields.into_iter().map(|(k, v)| (k, v.get().as_bytes())).collect()
+            fields.into_iter().map(|(k, v)| (k, v.get().as_bytes(), None)).collect()
         }
     };
     let mut obj = Map::new();
     let mut raw_prompt = None;
     // Last field first: a repeated field counts once, as its last occurrence (as in
     // serde_json's map); earlier ones need only be JSON, as on the serde_json path.
-    for (name, raw) in fields.into_iter().rev() {
-        let is_prompt = api == Api::Completions && name == "prompt";
+    for (name, raw, tokens) in fields.into_iter().rev() {
+        let is_prompt = prompt_field == Some(name.as_ref());
         let repeated = if is_prompt { raw_prompt.is_some() } else { obj.contains_key(name.as_ref()) };
         if repeated {
-            if !is_json(raw) {
+            if tokens.is_none() && !is_json(raw) {
                 return Err(ParseError::NotJson(format!("field `{name}` (repeated) is not JSON")));
             }
         } else if is_prompt {
-            raw_prompt = Some(raw);
+            raw_prompt = Some(RawPrompt { raw, tokens });
         } else {
             let value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
             obj.insert(name.into_owned(), value);
         }
     }
     // The prompt is read last: when something else is wrong first, a prompt that is not JSON
-    // still makes the body "not JSON", as on the serde_json path.
+    // still makes the body "not JSON", as on the serde_json path (token ids the scan read are
+    // JSON already).
+    let unread = raw_prompt.as_ref().filter(|p| p.tokens.is_none()).map(|p| p.raw);
     request(api, &obj, raw_prompt).map_err(|e| match e {
         ParseError::NotJson(_) => e,
-        _ if raw_prompt.is_some_and(|raw| !is_json(raw)) => ParseError::NotJson("field `prompt` is not JSON".into()),
+        _ if unread.is_some_and(|raw| !is_json(raw)) => ParseError::NotJson("field `prompt` is not JSON".into()),
         _ => e,
     })
 }
 
+/// A top-level field: key, raw value, and its token ids when the scan read them.
+type RawField<'a> = (Cow<'a, str>, &'a [u8], Option<Vec<u32>>);
+
+/// A completion's `prompt` as the scan left it: raw bytes, and its token ids when the scan
+/// read them on the way.
+struct RawPrompt<'a> {
+    raw: &'a [u8],
+    tokens: Option<Vec<u32>>,
+}
+
 /// The request in a body's top-level fields (`raw_prompt`: a completion's unparsed `prompt`).
-fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<&[u8]>) -> Result<PromptRequest, ParseError> {
+fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<RawPrompt>) -> Result<PromptRequest, ParseError> {
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(invalid("model", "must be a string")),
@@ -228,10 +241,10 @@ fn is_json(bytes: &[u8]) -> bool {
     serde_json::from_slice::<&RawValue>(bytes).is_ok()
 }
 
-fn completion_prompt(raw: Option<&[u8]>) -> Result<Prompt, ParseError> {
-    let raw = raw.ok_or(ParseError::Missing("prompt"))?;
+fn completion_prompt(raw: Option<RawPrompt>) -> Result<Prompt, ParseError> {
+    let RawPrompt { raw, tokens } = raw.ok_or(ParseError::Missing("prompt"))?;
     // The common case for exact routing: a flat array of token ids.
-    if let Some(ids) = scan::token_array(raw) {
+    if let Some(ids) = tokens.or_else(|| scan::token_array(raw)) {
         return Ok(Prompt::Tokens(ids));
     }
     let prompt: Value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;

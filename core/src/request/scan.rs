@@ -4,18 +4,29 @@
 //! A long token-id prompt is a JSON array of thousands of integers. Parsing it through
 //! `serde_json` costs ~20 ns per id (~200 us for 8k tokens natively, more in Wasm), which was
 //! most of what the filter adds to a request. Here the body's structure (`{ "key": value, ...
-//! }`) is checked byte by byte, values are skipped by matching brackets and strings, and only
-//! the fields the router reads are handed to `serde_json` (which validates them). A token
-//! array is parsed by a strict digit loop.
+//! }`) is checked byte by byte, values are skipped by matching brackets and strings (eight
+//! bytes at a time between them), and only the fields the router reads are handed to
+//! `serde_json` (which validates them). The token array of the field named by the caller is
+//! read while splitting, by a strict digit loop, so its bytes are walked once.
 //!
 //! Both functions return `None` on anything they do not handle (escaped keys, odd numbers,
 //! malformed input): the caller then takes the plain `serde_json` path, which produces the
 //! error messages. So this module can only make parsing faster, never change its result; the
 //! property tests below check that against `serde_json`.
 
-/// Top-level `(key, raw value bytes)` pairs of a JSON object, in order; `None` when the body is
-/// not a simple object (caller falls back to serde_json).
-pub(super) fn top_level_fields(body: &[u8]) -> Option<Vec<(&str, &[u8])>> {
+/// One top-level field: its key, its raw value bytes, and the value read as token ids when it
+/// is the field the caller named and a flat array of unsigned 32-bit integers.
+#[derive(Debug, PartialEq)]
+pub(super) struct Field<'a> {
+    pub key: &'a str,
+    pub raw: &'a [u8],
+    pub tokens: Option<Vec<u32>>,
+}
+
+/// Top-level fields of a JSON object, in order; `None` when the body is not a simple object
+/// (caller falls back to serde_json). The value of every field named `tokens_of` is also read
+/// as a token array on the way (see [`Field::tokens`]).
+pub(super) fn top_level_fields<'a>(body: &'a [u8], tokens_of: Option<&str>) -> Option<Vec<Field<'a>>> {
     let mut i = skip_ws(body, 0);
     expect(body, i, b'{')?;
     i = skip_ws(body, i + 1);
@@ -29,8 +40,12 @@ pub(super) fn top_level_fields(body: &[u8]) -> Option<Vec<(&str, &[u8])>> {
         i = skip_ws(body, end);
         expect(body, i, b':')?;
         i = skip_ws(body, i + 1);
-        let value_end = skip_value(body, i)?;
-        fields.push((key, body.get(i..value_end)?));
+        let read = if tokens_of == Some(key) { token_array_at(body, i) } else { None };
+        let (tokens, value_end) = match read {
+            Some((ids, end)) => (Some(ids), end),
+            None => (None, skip_value(body, i)?),
+        };
+        fields.push(Field { key, raw: body.get(i..value_end)?, tokens });
         i = skip_ws(body, value_end);
         match body.get(i)? {
             b',' => i = skip_ws(body, i + 1),
@@ -42,32 +57,76 @@ pub(super) fn top_level_fields(body: &[u8]) -> Option<Vec<(&str, &[u8])>> {
 
 /// A flat JSON array of unsigned 32-bit integers; `None` for anything else (including `[]`).
 pub(super) fn token_array(span: &[u8]) -> Option<Vec<u32>> {
-    let mut i = skip_ws(span, 0);
-    expect(span, i, b'[')?;
-    let mut ids = Vec::with_capacity(span.len() / 4);
+    let (ids, end) = token_array_at(span, skip_ws(span, 0))?;
+    (skip_ws(span, end) == span.len()).then_some(ids)
+}
+
+/// The flat token array whose `[` is at `start`, and the index just past its `]`: numbers
+/// without a leading zero and at most `u32::MAX`, between `[`/`,` and `,`/`]`, with optional
+/// whitespace around each.
+fn token_array_at(b: &[u8], start: usize) -> Option<(Vec<u32>, usize)> {
+    expect(b, start, b'[')?;
+    // A 6-digit id and its comma: room for every id of a typical prompt without regrowing.
+    let mut ids = Vec::with_capacity(b.len().saturating_sub(start) / 6 + 1);
+    let mut i = start + 1;
     loop {
-        i = skip_ws(span, i + 1);
-        let start = i;
-        let mut n: u64 = 0;
-        while let Some(d) = span.get(i).filter(|b| b.is_ascii_digit()) {
-            n = n * 10 + u64::from(d - b'0');
-            if n > u64::from(u32::MAX) {
-                return None;
-            }
-            i += 1;
-        }
-        // JSON forbids leading zeros; an empty run is not a number.
-        if i == start || (span.get(start) == Some(&b'0') && i - start > 1) {
+        i = skip_ws(b, i);
+        let (value, len) = digits_at(b, i)?;
+        if len > 1 && b.get(i) == Some(&b'0') {
             return None;
         }
-        ids.push(n as u32);
-        i = skip_ws(span, i);
-        match span.get(i)? {
-            b',' => {}
-            b']' => return (skip_ws(span, i + 1) == span.len()).then_some(ids),
+        ids.push(value);
+        i = skip_ws(b, i + len);
+        match b.get(i)? {
+            b',' => i += 1,
+            b']' => return Some((ids, i + 1)),
             _ => return None,
         }
     }
+}
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// The run of ASCII digits at `i` as a `u32`, and its length; `None` when there is none or it
+/// is over `u32::MAX`. A run shorter than 8 within an 8-byte word (a token id has 1 to 6 digits)
+/// is found and converted in that word with a few multiplications, not digit by digit.
+fn digits_at(b: &[u8], i: usize) -> Option<(u32, usize)> {
+    let word = b.get(i..i.checked_add(8)?).and_then(|w| <[u8; 8]>::try_from(w).ok()).map(u64::from_le_bytes);
+    if let Some(word) = word {
+        match leading_digits(word) {
+            0 => return None,
+            // The digits moved to the word's top bytes, zero bytes (leading zeros) below them.
+            len @ 1..8 => return Some((eight_digits(word << (64 - 8 * len)), len)),
+            _ => {}
+        }
+    }
+    // The body's last bytes, or 8 digits or more: one digit at a time.
+    let run = b.get(i..)?.iter().take_while(|c| c.is_ascii_digit()).count();
+    if run == 0 || run > 10 {
+        return None;
+    }
+    let value = b.get(i..i + run)?.iter().fold(0u64, |v, c| v * 10 + u64::from(c - b'0'));
+    Some((u32::try_from(value).ok()?, run))
+}
+
+/// How many of the word's bytes, first (lowest) byte first, are ASCII digits before the first
+/// that is not (8 when all are). A byte is a digit when its high nibble is 3 and adding 6 keeps
+/// it 3; a carry out of a byte of 0xFA or more only disturbs the bytes after a non-digit.
+fn leading_digits(word: u64) -> usize {
+    let nibbles = (word & 0xF0F0_F0F0_F0F0_F0F0) | ((word.wrapping_add(0x0606_0606_0606_0606) & 0xF0F0_F0F0_F0F0_F0F0) >> 4);
+    let off = nibbles ^ 0x3333_3333_3333_3333;
+    // The high bit of every byte that is not zero, exactly (no carry between bytes).
+    let not_digit = (((off & !HI).wrapping_add(!HI)) | off) & HI;
+    (not_digit.trailing_zeros() / 8) as usize
+}
+
+/// The number written by 8 ASCII digits or zero bytes, the first (most significant) in the
+/// lowest byte: pairs, then quads, then the eight, each step one multiplication.
+fn eight_digits(word: u64) -> u32 {
+    let pairs = ((word & 0x0F0F_0F0F_0F0F_0F0F).wrapping_mul(10 << 8 | 1)) >> 8;
+    let quads = ((pairs & 0x00FF_00FF_00FF_00FF).wrapping_mul(100 << 16 | 1)) >> 16;
+    (((quads & 0x0000_FFFF_0000_FFFF).wrapping_mul(10_000 << 32 | 1)) >> 32) as u32
 }
 
 /// The key whose opening quote is at `i`, and the index just past its closing quote. Keys
@@ -93,14 +152,37 @@ fn expect(b: &[u8], i: usize, byte: u8) -> Option<()> {
     (b.get(i) == Some(&byte)).then_some(())
 }
 
+/// Index of the first byte at or after `from` that is one of `needles` (`b.len()` when none
+/// is), eight bytes at a time: XOR with the needle makes its bytes zero, and the lowest zero
+/// byte of a word is found exactly by the borrow trick (bits above it may be false hits, which
+/// the lowest set bit ignores).
+fn find_any<const N: usize>(b: &[u8], from: usize, needles: [u8; N]) -> usize {
+    let Some(rest) = b.get(from..) else { return b.len() };
+    let mut chunks = rest.chunks_exact(8);
+    let mut at = from;
+    for chunk in &mut chunks {
+        let Ok(bytes) = <[u8; 8]>::try_from(chunk) else { break };
+        let word = u64::from_le_bytes(bytes);
+        let hits = needles.iter().fold(0, |hits, &n| {
+            let x = word ^ (LO * u64::from(n));
+            hits | (x.wrapping_sub(LO) & !x & HI)
+        });
+        if hits != 0 {
+            return at + (hits.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    chunks.remainder().iter().position(|c| needles.contains(c)).map_or(b.len(), |p| at + p)
+}
+
 /// End (exclusive) of the string starting at the quote at `i`.
-fn skip_string(b: &[u8], mut i: usize) -> Option<usize> {
-    i += 1;
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
     loop {
-        match b.get(i)? {
-            b'"' => return Some(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
+        j = find_any(b, j, [b'"', b'\\']);
+        match b.get(j)? {
+            b'"' => return Some(j + 1),
+            _ => j += 2,
         }
     }
 }
@@ -114,19 +196,19 @@ fn skip_value(b: &[u8], i: usize) -> Option<usize> {
             let mut depth = 0usize;
             let mut j = i;
             loop {
+                j = find_any(b, j, [b'"', b'{', b'[', b'}', b']']);
                 match b.get(j)? {
                     b'"' => {
                         j = skip_string(b, j)?;
                         continue;
                     }
                     b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
+                    _ => {
                         depth -= 1;
                         if depth == 0 {
                             return Some(j + 1);
                         }
                     }
-                    _ => {}
                 }
                 j += 1;
             }
@@ -151,21 +233,27 @@ mod tests {
     #[test]
     fn splits_fields_and_reads_tokens() {
         let body = br#" { "model" : "m", "prompt":[1, 2 ,30],"nested":{"a":[{"b":"}]\""}]},"n":-1.5e3 } "#;
-        let f = top_level_fields(body).unwrap();
-        let keys: Vec<&str> = f.iter().map(|(k, _)| *k).collect();
+        let f = top_level_fields(body, Some("prompt")).unwrap();
+        let keys: Vec<&str> = f.iter().map(|f| f.key).collect();
         assert_eq!(keys, ["model", "prompt", "nested", "n"]);
-        assert_eq!(token_array(f[1].1), Some(vec![1, 2, 30]));
-        assert_eq!(f[2].1, br#"{"a":[{"b":"}]\""}]}"#);
-        assert_eq!(f[3].1, b"-1.5e3");
-        assert_eq!(top_level_fields(b"{}"), Some(vec![]));
+        assert_eq!(f[1].raw, b"[1, 2 ,30]");
+        assert_eq!(f[1].tokens, Some(vec![1, 2, 30]));
+        assert_eq!(token_array(f[1].raw), Some(vec![1, 2, 30]));
+        assert_eq!(f[2].raw, br#"{"a":[{"b":"}]\""}]}"#);
+        assert_eq!(f[2].tokens, None);
+        assert_eq!(f[3].raw, b"-1.5e3");
+        assert_eq!(top_level_fields(b"{}", None), Some(vec![]));
+        // Not the named field, or not a flat token array: skipped, not read.
+        let f = top_level_fields(br#"{"prompt":[1,[2]],"ids":[3]}"#, Some("prompt")).unwrap();
+        assert_eq!((f[0].raw, &f[0].tokens, &f[1].tokens), (&b"[1,[2]]"[..], &None, &None));
     }
 
     #[test]
     fn declines_what_it_does_not_handle() {
         for body in [&b"[1]"[..], b"{\"a\\u0041\":1}", b"{\"a\":1", b"{\"a\":1}x", b"{\"a\" 1}", b"{\"a\":}", b""] {
-            assert_eq!(top_level_fields(body), None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(top_level_fields(body, Some("a")), None, "{}", String::from_utf8_lossy(body));
         }
-        for span in [&b"[]"[..], b"[1,]", b"[01]", b"[1.0]", b"[-1]", b"[4294967296]", b"[1 2]", b"\"x\"", b"[[1]]"] {
+        for span in [&b"[]"[..], b"[1,]", b"[01]", b"[1.0]", b"[-1]", b"[4294967296]", b"[10000000000]", b"[1 2]", b"\"x\"", b"[[1]]", b"[,1]", b"[1", b"[1e3]"] {
             assert_eq!(token_array(span), None, "{}", String::from_utf8_lossy(span));
         }
         assert_eq!(token_array(b"[4294967295, 0]"), Some(vec![u32::MAX, 0]));
@@ -195,18 +283,20 @@ mod tests {
     proptest! {
         /// Whatever the scanner accepts, it splits exactly as serde_json parses.
         #[test]
-        fn agrees_with_serde_json(fields in proptest::collection::btree_map("[a-z_\"\\\\]{1,8}", value(), 0..6), pretty in any::<bool>()) {
+        fn agrees_with_serde_json(fields in proptest::collection::btree_map("[a-z_\"\\\\]{1,8}", value(), 0..6), pretty in any::<bool>(), named in any::<proptest::sample::Index>()) {
             let object = Value::Object(fields.into_iter().collect::<Map<_, _>>());
             let body = if pretty { serde_json::to_vec_pretty(&object) } else { serde_json::to_vec(&object) }.unwrap();
             let Value::Object(expected) = serde_json::from_slice::<Value>(&body).unwrap() else { unreachable!() };
-            if let Some(split) = top_level_fields(&body) {
+            let tokens_of = (!expected.is_empty()).then(|| expected.keys().nth(named.index(expected.len()))).flatten().map(String::as_str);
+            if let Some(split) = top_level_fields(&body, tokens_of) {
                 prop_assert_eq!(split.len(), expected.len());
-                for (key, raw) in split {
+                for Field { key, raw, tokens } in split {
                     let parsed: Value = serde_json::from_slice(raw).unwrap();
                     prop_assert_eq!(Some(&parsed), expected.get(key));
-                    if let Some(ids) = token_array(raw) {
-                        prop_assert_eq!(serde_json::from_slice::<Vec<u32>>(raw).unwrap(), ids);
-                    }
+                    let ids = serde_json::from_slice::<Vec<u32>>(raw).ok().filter(|ids| !ids.is_empty());
+                    prop_assert_eq!(token_array(raw), ids.clone());
+                    // The named field's token array is read on the way, and only that one.
+                    prop_assert_eq!(tokens, if Some(key) == tokens_of { ids } else { None });
                 }
             } else {
                 prop_assert!(expected.keys().any(|k| k.contains(['"', '\\'])), "declined a plain object: {}", String::from_utf8_lossy(&body));
@@ -217,13 +307,29 @@ mod tests {
         /// the scanner never accepts garbage as a token array.
         #[test]
         fn never_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
-            if let Some(fields) = top_level_fields(&bytes) {
-                for (_, raw) in fields {
-                    if let Some(ids) = token_array(raw) {
-                        prop_assert_eq!(serde_json::from_slice::<Vec<u32>>(raw).ok(), Some(ids));
+            if let Some(fields) = top_level_fields(&bytes, Some("a")) {
+                for f in fields {
+                    if let Some(ids) = f.tokens.clone().or_else(|| token_array(f.raw)) {
+                        prop_assert_eq!(serde_json::from_slice::<Vec<u32>>(f.raw).ok(), Some(ids));
                     }
                 }
             }
+            if let Some(ids) = token_array(&bytes) {
+                prop_assert_eq!(serde_json::from_slice::<Vec<u32>>(&bytes).ok(), Some(ids));
+            }
+        }
+
+        /// Token arrays with any spacing, leading zeros and numbers past `u32::MAX`: read
+        /// exactly when serde_json reads them as `Vec<u32>` (the empty array declined).
+        #[test]
+        fn token_arrays_agree_with_serde_json(items in proptest::collection::vec((0u64..20_000_000_000, any::<bool>(), "[ \t\r\n]{0,2}", "[ \t\r\n]{0,2}"), 0..24), wrap in "[ \n]{0,2}") {
+            let numbers: Vec<String> = items
+                .iter()
+                .map(|(n, zero, before, after)| format!("{before}{}{n}{after}", if *zero { "0" } else { "" }))
+                .collect();
+            let span = format!("{wrap}[{}]{wrap}", numbers.join(","));
+            let expected = serde_json::from_str::<Vec<u32>>(&span).ok().filter(|ids| !ids.is_empty());
+            prop_assert_eq!(token_array(span.as_bytes()), expected);
         }
     }
 }
