@@ -13,6 +13,8 @@
 //!   (Qwen3 fixture). Then Envoy's memory with and without the module at several `--concurrency`.
 //! - `nginx_overhead_vs_plain_location`: the same cells through NGINX with ngx_wasm_module
 //!   (`KVROUTE_NGINX`): a kvroute server against the same NGINX's plain server.
+//! - `added_latency_split`: where an 8k-token-id request's added latency goes (the pick's round
+//!   trip, a bare round trip to the state service, the rest in the filter).
 //! - The CPU per streamed request is in `cpu.rs`.
 
 use anyhow::Result;
@@ -279,6 +281,115 @@ async fn overhead_vs_round_robin() -> Result<()> {
     }
     drop(state.proc);
     Ok(())
+}
+
+/// Where the added latency of an 8k-token-id request goes (tests/LATENCY.md, "Where the added
+/// p50 goes"). One sequential client, the four measurements interleaved request by request:
+/// - Envoy's plain listener and its kvroute listener (added = kvroute - plain, as above);
+/// - `GET /healthz` straight to `kvroute-state`: one loopback HTTP round trip to that server,
+///   with no work in it (the floor of any out-of-process pick here);
+/// - the filter's pick (a `PickRequest` with the prompt's 512 block keys, protobuf) straight to
+///   `kvroute-state`;
+///
+/// and the filter's own pick round trip (its `kvroute_pick_latency_us` histogram, mean over the
+/// measured requests): kvroute - plain - that round trip is the filter's work in the VM and
+/// Envoy's pause and resume around it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures"]
+async fn added_latency_split() -> Result<()> {
+    use kvroute_core::keys::{token_block_keys, KeyRoot};
+    use kvroute_core::wire::{Endpoint, PickRequest};
+    use prost::Message;
+    const TOKENS: usize = 8192;
+    let n = samples_per_cell();
+    let workers = four_workers().await?;
+    let state = RealState::start(&workers, None).await?;
+    let opts = EnvoyOptions { mode: Mode::Endpoint, worker_ports: workers.iter().map(|w| w.port).collect(), state_port: state.port, plugin: json!({}) };
+    // `KVROUTE_LATENCY_MODULE=/path.wasm`: another build of the filter (to compare two).
+    let module = std::env::var_os("KVROUTE_LATENCY_MODULE").map(std::path::PathBuf::from);
+    let envoy = Envoy::start_with(opts, EnvoyExtra { plain_listener: true, module, ..EnvoyExtra::default() }).await?;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let (plain_url, kv_url) = (envoy.plain_url("/v1/completions"), envoy.url("/v1/completions"));
+    let (health_url, pick_url) = (format!("http://127.0.0.1:{}/healthz", state.port), format!("http://127.0.0.1:{}/v1/pick", state.port));
+    let root = KeyRoot::new(BENCH_MODEL, "");
+    let direct_pick = |seed: u32| {
+        let ids = tokens(seed, TOKENS);
+        PickRequest {
+            model: BENCH_MODEL.into(),
+            endpoint: Endpoint::Completions as i32,
+            token_keys: token_block_keys(&root, &ids, 16).into_iter().map(|k| k.0).collect(),
+            block_size: 16,
+            prompt_tokens: TOKENS as u32,
+            max_tokens: 1,
+            ..PickRequest::default()
+        }
+        .encode_to_vec()
+    };
+    let timed = |req: reqwest::RequestBuilder| async move {
+        let t = Instant::now();
+        let r = req.send().await?;
+        anyhow::ensure!(r.status().is_success(), "answered {}", r.status());
+        r.bytes().await?;
+        anyhow::Ok(t.elapsed().as_secs_f64() * 1000.0)
+    };
+    let mut ms: [Vec<f64>; 4] = Default::default();
+    let mut filter_before = (0.0, 0.0);
+    for i in 0..WARMUP + n {
+        let seed = 9_000_000 + i as u32;
+        let json = body(PromptKind::TokenIds, seed, TOKENS);
+        let proto = direct_pick(seed + 500_000);
+        // A different order each request, so that no measurement always follows another.
+        let mut order = [0usize, 1, 2, 3];
+        order.rotate_left(i % 4);
+        for which in order {
+            let t = match which {
+                0 => timed(client.post(&plain_url).header("content-type", "application/json").body(json.clone())).await?,
+                1 => timed(client.post(&kv_url).header("content-type", "application/json").body(json.clone())).await?,
+                2 => timed(client.get(&health_url)).await?,
+                _ => timed(client.post(&pick_url).header("content-type", "application/x-protobuf").body(proto.clone())).await?,
+            };
+            if i >= WARMUP {
+                ms[which].push(t);
+            }
+        }
+        if i + 1 == WARMUP {
+            filter_before = filter_pick_sums(&envoy).await?;
+        }
+    }
+    let filter_after = filter_pick_sums(&envoy).await?;
+    let picks = filter_after.1 - filter_before.1;
+    let filter_rtt_ms = if picks > 0.0 { (filter_after.0 - filter_before.0) / picks / 1000.0 } else { f64::NAN };
+    for m in &mut ms {
+        m.sort_by(f64::total_cmp);
+    }
+    let p50 = |m: &[f64]| pct(m, 0.5);
+    let mean = |m: &[f64]| m.iter().sum::<f64>() / m.len().max(1) as f64;
+    println!("\n### Added latency split, {TOKENS} token ids, {} requests each (ms)\n", ms[0].len());
+    println!("| measurement | p50 | mean | p99 |\n|---|---|---|---|");
+    for (label, m) in ["Envoy plain listener", "Envoy kvroute listener", "GET /healthz straight to kvroute-state", "the pick straight to kvroute-state"].iter().zip(&ms) {
+        println!("| {label} | {:.3} | {:.3} | {:.3} |", p50(m), mean(m), pct(m, 0.99));
+    }
+    println!("| added (kvroute - plain) | {:.3} | {:.3} | |", p50(&ms[1]) - p50(&ms[0]), mean(&ms[1]) - mean(&ms[0]));
+    println!("| the filter's pick round trip (its histogram, {picks} picks) | | {filter_rtt_ms:.3} | |");
+    println!("| the rest: filter work in the VM, pause and resume (added mean - round trip) | | {:.3} | |", mean(&ms[1]) - mean(&ms[0]) - filter_rtt_ms);
+    drop(envoy);
+    drop(state.proc);
+    Ok(())
+}
+
+/// The filter's `kvroute_pick_latency_us` (sum µs, count) from Envoy's Prometheus stats, after
+/// Envoy's next stats flush (histograms are merged every 5 s).
+async fn filter_pick_sums(envoy: &Envoy) -> Result<(f64, f64)> {
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let url = format!("http://127.0.0.1:{}/stats/prometheus", envoy.admin_port);
+    let text = reqwest::get(&url).await?.text().await?;
+    let value = |suffix: &str| {
+        text.lines()
+            .filter(|l| l.contains(&format!("kvroute_pick_latency_us_{suffix}")) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    Ok((value("sum"), value("count")))
 }
 
 /// The same cells through NGINX with ngx_wasm_module (`KVROUTE_NGINX`): the kvroute server
