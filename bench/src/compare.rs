@@ -98,6 +98,7 @@ pub async fn run_pass(
         cache,
         first_scheduled,
         share_of_oracle: None,
+        promised: None,
         state_degraded,
         samples: out.samples,
     })

@@ -58,7 +58,11 @@ fn main() -> Result<()> {
         Cmd::GenTrace(args) => args.run(),
         Cmd::Bounds(args) => args.run(),
         Cmd::Report { json, out } => {
-            let report: kvroute_bench::report::RunReport = serde_json::from_slice(&std::fs::read(&json)?)?;
+            let mut report: kvroute_bench::report::RunReport = serde_json::from_slice(&std::fs::read(&json)?)?;
+            // Figures derived from the samples and bounds are recomputed: a report written
+            // before a column existed gets it.
+            let bounds = report.bounds.clone();
+            report.passes.iter_mut().for_each(|p| p.relate_to(bounds.as_ref()));
             let dir = out.unwrap_or_else(|| json.parent().map(PathBuf::from).unwrap_or_default());
             output::write(&report, &dir)?;
             print!("{}", kvroute_bench::report::table(&report));

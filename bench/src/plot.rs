@@ -197,6 +197,7 @@ mod tests {
                 cache_hit_ratio: None,
                 first_scheduled: None,
                 share_of_oracle: None,
+                promised: None,
                 state_degraded: None,
                 samples,
             }

@@ -3,7 +3,7 @@
 
 use crate::bounds::ReuseBounds;
 pub use crate::counters::{CacheDelta, FirstScheduled};
-use crate::stats::{Sample, Slo, Summary};
+use crate::stats::{Promised, Sample, Slo, Summary};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -44,14 +44,19 @@ pub struct PassResult {
     /// the oracle bound.
     #[serde(default)]
     pub share_of_oracle: Option<f64>,
+    /// What the index promised the chosen worker held and the engine did not serve
+    /// ([`Promised`]); `None` without exact keys or usage.
+    #[serde(default)]
+    pub promised: Option<Promised>,
     /// Degraded decisions counted by the state service over the pass, when it exposes them.
     pub state_degraded: Option<f64>,
     pub samples: Vec<Sample>,
 }
 
 impl PassResult {
-    /// Sets `share_of_oracle` from the workload's bounds.
+    /// Sets `share_of_oracle` from the workload's bounds, and `promised` with their block size.
     pub fn relate_to(&mut self, bounds: Option<&ReuseBounds>) {
+        self.promised = bounds.and_then(|b| Promised::of(&self.samples, u32::try_from(b.capacity.block_size).unwrap_or(u32::MAX)));
         let oracle = bounds.and_then(|b| b.oracle.share).filter(|s| *s > 0.0);
         self.share_of_oracle = match (self.first_scheduled.as_ref().and_then(|r| r.total), oracle) {
             (Some(t), Some(o)) => Some(t / o),
@@ -91,9 +96,9 @@ fn pct_na(v: Option<f64>) -> String {
     v.map_or("n/a".into(), |x| format!("{:.1}%", x * 100.0))
 }
 
-const HEAD: [&str; 19] = [
+const HEAD: [&str; 20] = [
     "policy", "rate/s", "reqs", "fail", "ttft p50", "ttft p90", "ttft p99", "e2e p50", "e2e p90", "goodput/min", "<=slo",
-    "vllm hit", "reuse", "gpu", "cpu", "of oracle", "req/s", "tok/s", "degraded",
+    "vllm hit", "reuse", "gpu", "cpu", "of oracle", "gone", "req/s", "tok/s", "degraded",
 ];
 
 /// True when `p` sent fewer requests than the bounds cover (time limit, failed turns).
@@ -128,6 +133,7 @@ fn rows(report: &RunReport) -> Vec<Vec<String>> {
                 pct_na(p.first_scheduled.as_ref().and_then(|r| r.gpu)),
                 pct_na(p.first_scheduled.as_ref().and_then(|r| r.cpu)),
                 format!("{}{}", pct_na(p.share_of_oracle), if partial(report, p) && p.share_of_oracle.is_some() { "*" } else { "" }),
+                pct_na(p.promised.as_ref().and_then(Promised::gone_share)),
                 format!("{:.2}", s.requests_per_s),
                 format!("{:.0}", s.output_tokens_per_s),
                 degraded,
@@ -145,7 +151,7 @@ fn footer(report: &RunReport) -> Vec<String> {
         report.slo.attainment * 100.0
     )];
     out.push(
-        "vllm hit = vllm:prefix_cache hits/queries (every admission, preemptions re-count); reuse = prompt tokens served from cache at first scheduling (sims' counters, gpu + cpu; n/a = not exposed); of oracle = reuse / oracle bound".into(),
+        "vllm hit = vllm:prefix_cache hits/queries (every admission, preemptions re-count); reuse = prompt tokens served from cache at first scheduling (sims' counters, gpu + cpu; n/a = not exposed); of oracle = reuse / oracle bound; gone = of the prompt tokens the index said the chosen worker held (exact keys), the share the engine did not serve from cache (evicted while the request queued)".into(),
     );
     if let Some(b) = &report.bounds {
         out.push(b.summary());
@@ -208,6 +214,7 @@ mod tests {
             cache,
             first_scheduled: None,
             share_of_oracle: None,
+            promised: None,
             state_degraded: None,
             samples,
         }

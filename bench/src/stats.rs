@@ -128,10 +128,55 @@ impl Summary {
 /// `x-kvroute-decision` (`worker=..;policy=..;degraded=<reason>`) names a reason other
 /// than `none`.
 pub fn is_degraded(s: &Sample) -> bool {
-    s.fallback.as_deref().is_some_and(|f| !f.is_empty())
-        || s.decision.as_deref().is_some_and(|d| {
-            d.split(';').filter_map(|kv| kv.trim().split_once('=')).any(|(k, v)| k == "degraded" && v != "none" && !v.is_empty())
-        })
+    s.fallback.as_deref().is_some_and(|f| !f.is_empty()) || decision_field(s, "degraded").is_some_and(|v| v != "none" && !v.is_empty())
+}
+
+/// A field of a sample's `x-kvroute-decision` (`worker=..;matched=..;tokenization=..`).
+pub fn decision_field<'a>(s: &'a Sample, key: &str) -> Option<&'a str> {
+    s.decision.as_deref()?.split(';').filter_map(|kv| kv.trim().split_once('=')).find(|(k, _)| *k == key).map(|(_, v)| v)
+}
+
+/// What the router's index promised and the engine served: over the requests routed on exact
+/// keys (token ids or tokenized text) whose response reported its cached tokens, the prompt
+/// tokens the chosen worker held at the pick (`matched` blocks, as the engines count hits: not
+/// the last token of a fully cached prompt) and how many of those the engine did not serve
+/// from cache: evicted between the pick and the request's scheduling (the index is stale by
+/// the queue's wait, not by its events' latency).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Promised {
+    pub requests: usize,
+    pub promised_tokens: u64,
+    /// Promised tokens the engine did not report cached.
+    pub gone_tokens: u64,
+    /// Requests that found at least one promised block gone.
+    pub requests_short: usize,
+}
+
+impl Promised {
+    /// `block_size`: tokens per key of exact keys (the engines' block size).
+    pub fn of(samples: &[Sample], block_size: u32) -> Option<Promised> {
+        let mut p = Promised::default();
+        let exact = |s: &&Sample| matches!(decision_field(s, "tokenization"), Some("exact_token_ids" | "local" | "worker"));
+        for s in samples.iter().filter(|s| s.ok).filter(exact) {
+            let (Some(matched), Some(cached)) = (decision_field(s, "matched").and_then(|m| m.parse::<u64>().ok()), s.cached_tokens) else {
+                continue;
+            };
+            let block = u64::from(block_size.max(1));
+            let cacheable = u64::from(s.prompt_tokens.saturating_sub(1)) / block * block;
+            let promised = (matched * block).min(cacheable);
+            let gone = promised.saturating_sub(u64::from(cached));
+            p.requests += 1;
+            p.promised_tokens += promised;
+            p.gone_tokens += gone;
+            p.requests_short += usize::from(gone >= block);
+        }
+        (p.requests > 0).then_some(p)
+    }
+
+    /// Share of the promised tokens that were gone; `None` when nothing was promised.
+    pub fn gone_share(&self) -> Option<f64> {
+        (self.promised_tokens > 0).then(|| self.gone_tokens as f64 / self.promised_tokens as f64)
+    }
 }
 
 /// Points of the empirical CDF of successful TTFTs: (ttft_s, fraction <= ttft_s).

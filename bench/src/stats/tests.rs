@@ -63,3 +63,32 @@ fn cdf_is_monotone_and_ends_at_one() {
     let cdf = ttft_cdf(&samples);
     assert_eq!(cdf, vec![(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]);
 }
+
+fn routed(decision: &str, prompt_tokens: u32, cached: Option<u32>) -> Sample {
+    Sample { ttft_s: Some(1.0), ok: true, prompt_tokens, cached_tokens: cached, decision: Some(decision.into()), ..Default::default() }
+}
+
+#[test]
+fn promised_counts_what_the_index_said_and_the_engine_did_not_serve() {
+    let exact = "worker=w0;matched=10;total=12;ttft_ms=5.0;policy=kvroute;tokenization=exact_token_ids;degraded=none";
+    let samples = [
+        // 160 promised, 160 served.
+        routed(exact, 200, Some(160)),
+        // 160 promised, 96 served: 64 gone, one request short.
+        routed(exact, 200, Some(96)),
+        // A fully cached 160-token prompt: its last block is recomputed, 144 promised.
+        routed(exact, 160, Some(144)),
+        // Not counted: text chunks (keys are not blocks), no usage, a failed request.
+        routed(&exact.replace("exact_token_ids", "text_chunks"), 200, Some(0)),
+        routed(exact, 200, None),
+        Sample { ok: false, ..routed(exact, 200, Some(0)) },
+    ];
+    let p = Promised::of(&samples, 16).unwrap();
+    assert_eq!(p, Promised { requests: 3, promised_tokens: 464, gone_tokens: 64, requests_short: 1 });
+    assert!((p.gone_share().unwrap() - 64.0 / 464.0).abs() < 1e-12);
+    // More served than promised (another request warmed it meanwhile) is not negative.
+    let warmed = Promised::of(&[routed(exact, 400, Some(320))], 16).unwrap();
+    assert_eq!((warmed.gone_tokens, warmed.requests_short), (0, 0));
+    assert_eq!(Promised::of(&samples[3..], 16), None);
+    assert_eq!(Promised { requests: 1, ..Promised::default() }.gone_share(), None);
+}
