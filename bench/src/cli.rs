@@ -132,6 +132,10 @@ pub struct CompareArgs {
     /// real rate is this divided by --time-scale); several = a sweep.
     #[arg(long, value_delimiter = ',', default_values_t = [1.0])]
     pub rate: Vec<f64>,
+    /// Run every policy this many times, round after round (drift over the run reaches every
+    /// policy alike); the table adds each policy's medians over the rounds.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
     /// Stop sending new requests this long (real seconds) after a pass starts.
     #[arg(long, default_value_t = 600.0)]
     pub max_duration_s: f64,
@@ -167,8 +171,12 @@ impl CompareArgs {
             bail!("--rate values must be > 0");
         }
         kvroute_bench::target::ensure_loopback(base_url).context("--url")?;
+        if self.repeat == 0 {
+            bail!("--repeat must be at least 1");
+        }
         Ok(CompareSpec {
             policies: self.policies.clone(),
+            repeat: self.repeat,
             rates: self.rate.clone(),
             run: RunSpec {
                 base_url: base_url.to_string(),

@@ -24,6 +24,9 @@ pub const DEFAULT_POLICIES: [&str; 6] = ["random", "least_loaded", "sglang_cache
 #[derive(Clone, Debug)]
 pub struct CompareSpec {
     pub policies: Vec<String>,
+    /// Rounds: every policy runs this many times, round after round, so drift over the run
+    /// reaches every policy alike (at least 1).
+    pub repeat: u32,
     /// Offered rates (requests/s); ignored for timestamped workloads.
     pub rates: Vec<f64>,
     pub run: RunSpec,
@@ -92,6 +95,7 @@ pub async fn run_pass(
     };
     Ok(PassResult {
         policy: policy.to_string(),
+        round: 1,
         rate,
         summary: Summary::new(&out.samples, out.duration_s, spec.slo),
         cache_hit_ratio: cache.hit_ratio(),
@@ -104,7 +108,7 @@ pub async fn run_pass(
     })
 }
 
-/// Every (rate, policy) pass, in that order; `on_pass` sees each result as it lands.
+/// Every (rate, round, policy) pass, in that order; `on_pass` sees each result as it lands.
 /// `bounds`: the workload's reuse bounds, which each pass's reuse is related to.
 pub async fn compare(
     workload: &Workload,
@@ -118,11 +122,14 @@ pub async fn compare(
         if workload.is_timed() { vec![None] } else { spec.rates.iter().copied().map(Some).collect() };
     let mut passes = Vec::new();
     for rate in rates {
-        for policy in &spec.policies {
-            let mut p = run_pass(workload, control, spec, policy, rate).await?;
-            p.relate_to(bounds.as_ref());
-            on_pass(&p);
-            passes.push(p);
+        for round in 1..=spec.repeat.max(1) {
+            for policy in &spec.policies {
+                let mut p = run_pass(workload, control, spec, policy, rate).await?;
+                p.round = round;
+                p.relate_to(bounds.as_ref());
+                on_pass(&p);
+                passes.push(p);
+            }
         }
     }
     Ok(RunReport {

@@ -190,6 +190,7 @@ mod tests {
             let samples: Vec<Sample> =
                 (1..=20).map(|i| Sample { ttft_s: Some(t * i as f64), ok: true, ..Default::default() }).collect();
             PassResult {
+                round: 1,
                 policy: policy.into(),
                 rate: Some(rate),
                 summary: Summary::new(&samples, 60.0, Slo::default()),

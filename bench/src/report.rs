@@ -7,6 +7,8 @@ use crate::stats::{Promised, Sample, Slo, Summary};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
+pub mod medians;
+
 /// First-scheduling reuse over one pass: shares of its prompt tokens served from cache.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Reuse {
@@ -30,6 +32,9 @@ impl Reuse {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PassResult {
     pub policy: String,
+    /// Which round of a `--repeat` run (1-based; 0 in reports from before rounds existed).
+    #[serde(default)]
+    pub round: u32,
     /// Offered rate in requests/s (`None` for trace timestamps).
     pub rate: Option<f64>,
     pub summary: Summary,
@@ -107,6 +112,7 @@ fn partial(report: &RunReport, p: &PassResult) -> bool {
 }
 
 fn rows(report: &RunReport) -> Vec<Vec<String>> {
+    let rounds = report.passes.iter().any(|p| p.round > 1);
     report
         .passes
         .iter()
@@ -117,7 +123,7 @@ fn rows(report: &RunReport) -> Vec<Vec<String>> {
                 None => s.degraded.to_string(),
             };
             vec![
-                p.policy.clone(),
+                if rounds { format!("{} #{}", p.policy, p.round) } else { p.policy.clone() },
                 p.rate.map_or("trace".into(), |r| format!("{r:.2}")),
                 s.requests.to_string(),
                 s.failed.to_string(),
@@ -179,6 +185,10 @@ pub fn table(report: &RunReport) -> String {
     for l in footer(report) {
         let _ = writeln!(out, "{l}");
     }
+    let medians = medians::markdown(report);
+    if !medians.is_empty() {
+        let _ = write!(out, "\n{medians}");
+    }
     out
 }
 
@@ -192,6 +202,10 @@ pub fn markdown(report: &RunReport) -> String {
     out.push('\n');
     for l in footer(report) {
         let _ = writeln!(out, "\n{l}");
+    }
+    let medians = medians::markdown(report);
+    if !medians.is_empty() {
+        let _ = write!(out, "\n{medians}");
     }
     out
 }
@@ -208,6 +222,7 @@ mod tests {
         let cache = CacheDelta { queries: 100.0, hits: 75.0 };
         PassResult {
             policy: policy.into(),
+            round: 1,
             rate: Some(1.0),
             summary,
             cache_hit_ratio: cache.hit_ratio(),
@@ -244,11 +259,37 @@ mod tests {
     }
 
     #[test]
+    fn rounds_are_named_and_their_medians_tabled() {
+        let round = |policy: &str, ttft: f64, n: u32| PassResult { round: n, ..pass(policy, ttft) };
+        let r = RunReport {
+            workload: "trace".into(),
+            params: serde_json::json!({}),
+            slo: Slo::default(),
+            cores: 2,
+            time_scale: 1.0,
+            passes: vec![round("kvroute", 1.0, 1), round("llmd_default", 2.0, 1), round("kvroute", 3.0, 2), round("kvroute", 8.0, 3)],
+            bounds: None,
+        };
+        let rows = medians::medians(&r);
+        assert_eq!(rows.len(), 1, "a policy that ran once has no median row");
+        assert_eq!((rows[0].policy.as_str(), rows[0].rounds, rows[0].ttft_p50), ("kvroute", 3, Some(3.0)));
+        let md = markdown(&r);
+        assert!(md.contains("| kvroute #3 |") && md.contains("| llmd_default #1 |"), "{md}");
+        assert!(md.contains("| kvroute | 1.00 | 3 | 3.000 | 3.000 | 3.000 |"), "{md}");
+        assert!(table(&r).contains("median over rounds"));
+        // One round: plain names, no medians.
+        let single = RunReport { passes: vec![pass("kvroute", 1.0)], ..r };
+        assert!(!markdown(&single).contains('#') && !markdown(&single).contains("median"));
+    }
+
+    #[test]
     fn old_reports_without_reuse_fields_still_load() {
         let mut v = serde_json::to_value(pass("random", 1.0)).unwrap();
         let o = v.as_object_mut().unwrap();
         o.remove("first_scheduled");
         o.remove("share_of_oracle");
+        o.remove("round");
+        o.remove("promised");
         let p: PassResult = serde_json::from_value(v).unwrap();
         assert_eq!(p.first_scheduled, None);
         let r = serde_json::json!({"workload": "x", "params": {}, "slo": {"ttft_s": 8.0, "attainment": 0.9}, "cores": 2, "passes": []});
