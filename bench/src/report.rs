@@ -235,17 +235,13 @@ mod tests {
         }
     }
 
+    fn run_of(passes: Vec<PassResult>) -> RunReport {
+        RunReport { workload: "trace".into(), params: serde_json::json!({}), slo: Slo::default(), cores: 2, time_scale: 1.0, passes, bounds: None }
+    }
+
     #[test]
     fn table_and_json_roundtrip() {
-        let r = RunReport {
-            workload: "shared_prefix".into(),
-            params: serde_json::json!({}),
-            slo: Slo::default(),
-            cores: 2,
-            time_scale: 1.0,
-            passes: vec![pass("random", 3.0), pass("kvroute", 0.2)],
-            bounds: None,
-        };
+        let r = run_of(vec![pass("random", 3.0), pass("kvroute", 0.2)]);
         let t = table(&r);
         assert!(t.contains("kvroute") && t.contains("75.0%") && t.contains("0.200"));
         assert!(t.contains("n/a"), "no first-scheduling counters -> n/a");
@@ -261,15 +257,7 @@ mod tests {
     #[test]
     fn rounds_are_named_and_their_medians_tabled() {
         let round = |policy: &str, ttft: f64, n: u32| PassResult { round: n, ..pass(policy, ttft) };
-        let r = RunReport {
-            workload: "trace".into(),
-            params: serde_json::json!({}),
-            slo: Slo::default(),
-            cores: 2,
-            time_scale: 1.0,
-            passes: vec![round("kvroute", 1.0, 1), round("llmd_default", 2.0, 1), round("kvroute", 3.0, 2), round("kvroute", 8.0, 3)],
-            bounds: None,
-        };
+        let r = run_of(vec![round("kvroute", 1.0, 1), round("llmd_default", 2.0, 1), round("kvroute", 3.0, 2), round("kvroute", 8.0, 3)]);
         let rows = medians::medians(&r);
         assert_eq!(rows.len(), 1, "a policy that ran once has no median row");
         assert_eq!((rows[0].policy.as_str(), rows[0].rounds, rows[0].ttft_p50), ("kvroute", 3, Some(3.0)));
@@ -278,7 +266,7 @@ mod tests {
         assert!(md.contains("| kvroute | 1.00 | 3 | 3.000 | 3.000 | 3.000 |"), "{md}");
         assert!(table(&r).contains("median over rounds"));
         // One round: plain names, no medians.
-        let single = RunReport { passes: vec![pass("kvroute", 1.0)], ..r };
+        let single = run_of(vec![pass("kvroute", 1.0)]);
         assert!(!markdown(&single).contains('#') && !markdown(&single).contains("median"));
     }
 
