@@ -114,7 +114,7 @@ fn fmt_tick(v: f64) -> String {
 const DASHES: &[&str] = &["", "7 4", "2 3", "10 3 2 3"];
 
 /// TTFT CDF per pass: colour by policy; in sweeps, the dash pattern by rate and the label
-/// carries the rate.
+/// carries the rate; with rounds, the label carries the round.
 pub fn ttft_cdf_svg(report: &RunReport, title: &str) -> String {
     let mut rates: Vec<f64> = Vec::new();
     for r in report.passes.iter().filter_map(|p| p.rate) {
@@ -122,6 +122,7 @@ pub fn ttft_cdf_svg(report: &RunReport, title: &str) -> String {
             rates.push(r);
         }
     }
+    let rounds = report.has_rounds();
     let series: Vec<(&str, String, &str, Vec<(f64, f64)>)> = report
         .passes
         .iter()
@@ -129,9 +130,9 @@ pub fn ttft_cdf_svg(report: &RunReport, title: &str) -> String {
             let (name, dash) = match p.rate.filter(|_| rates.len() > 1) {
                 Some(r) => {
                     let k = rates.iter().position(|&x| x == r).unwrap_or(0);
-                    (format!("{} {r}/s", p.policy), DASHES[k % DASHES.len()])
+                    (format!("{} {r}/s", p.name(rounds)), DASHES[k % DASHES.len()])
                 }
-                None => (p.policy.clone(), ""),
+                None => (p.name(rounds), ""),
             };
             (p.policy.as_str(), name, dash, ttft_cdf(&p.samples))
         })

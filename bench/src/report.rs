@@ -59,6 +59,15 @@ pub struct PassResult {
 }
 
 impl PassResult {
+    /// The pass's name in tables and plots: the policy, with its round in a `--repeat` run.
+    pub fn name(&self, rounds: bool) -> String {
+        if rounds {
+            format!("{} #{}", self.policy, self.round)
+        } else {
+            self.policy.clone()
+        }
+    }
+
     /// Sets `share_of_oracle` from the workload's bounds, and `promised` with their block size.
     pub fn relate_to(&mut self, bounds: Option<&ReuseBounds>) {
         self.promised = bounds.and_then(|b| Promised::of(&self.samples, u32::try_from(b.capacity.block_size).unwrap_or(u32::MAX)));
@@ -83,6 +92,13 @@ pub struct RunReport {
     /// The workload's reuse bounds (policy-independent), when they were computed.
     #[serde(default)]
     pub bounds: Option<ReuseBounds>,
+}
+
+impl RunReport {
+    /// Whether some policy ran more than one round (`--repeat`).
+    pub fn has_rounds(&self) -> bool {
+        self.passes.iter().any(|p| p.round > 1)
+    }
 }
 
 fn one() -> f64 {
@@ -112,7 +128,7 @@ fn partial(report: &RunReport, p: &PassResult) -> bool {
 }
 
 fn rows(report: &RunReport) -> Vec<Vec<String>> {
-    let rounds = report.passes.iter().any(|p| p.round > 1);
+    let rounds = report.has_rounds();
     report
         .passes
         .iter()
@@ -123,7 +139,7 @@ fn rows(report: &RunReport) -> Vec<Vec<String>> {
                 None => s.degraded.to_string(),
             };
             vec![
-                if rounds { format!("{} #{}", p.policy, p.round) } else { p.policy.clone() },
+                p.name(rounds),
                 p.rate.map_or("trace".into(), |r| format!("{r:.2}")),
                 s.requests.to_string(),
                 s.failed.to_string(),

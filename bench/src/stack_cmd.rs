@@ -167,7 +167,7 @@ pub async fn run(args: StackArgs) -> Result<()> {
         let s = &p.summary;
         eprintln!(
             "  {:<18} ttft p50 {:>7.3} s  p90 {:>7.3} s  goodput {:>6.1}/min  vllm hit {}  reuse {} ({} of oracle)",
-            if spec.repeat > 1 { format!("{} #{}", p.policy, p.round) } else { p.policy.clone() },
+            p.name(spec.repeat > 1),
             s.ttft_p50.unwrap_or(f64::NAN),
             s.ttft_p90.unwrap_or(f64::NAN),
             s.goodput.per_min,
