@@ -50,7 +50,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64))
 }
 
-fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
+/// The finite values, ascending.
+pub(crate) fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
     let mut v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
     v.sort_by(|a, b| a.total_cmp(b));
     v

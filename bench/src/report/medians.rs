@@ -3,7 +3,7 @@
 //! burst's queues are chaotic), so a claim about policies rests on these, not on one row.
 
 use super::{PassResult, RunReport};
-use crate::stats::percentile;
+use crate::stats::{percentile, sorted};
 use std::fmt::Write;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -19,9 +19,7 @@ pub struct MedianRow {
 }
 
 fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
-    let mut v: Vec<f64> = values.flatten().filter(|x| x.is_finite()).collect();
-    v.sort_by(f64::total_cmp);
-    percentile(&v, 50.0)
+    percentile(&sorted(values.flatten()), 50.0)
 }
 
 /// Rows in first-appearance order, only for (rate, policy) pairs with two passes or more.
