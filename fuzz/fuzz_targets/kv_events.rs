@@ -1,5 +1,5 @@
 //! vLLM KV-event payloads, as ingestion receives them on the ZMQ feed (any peer that can reach
-//! the socket can publish): `kvroute_state::events::decode_batch` on arbitrary bytes, then the
+//! the socket can publish): `kvroute_kv::vllm::decode_batch` on arbitrary bytes, then the
 //! decoded events applied to the real index, as ingestion does.
 //!
 //! Oracles beyond "no panic":
@@ -11,11 +11,11 @@
 #![no_main]
 
 use kvroute_core::keys::{chain, KeyRoot};
-use kvroute_state::events::{decode_batch, decode_batch_into, EventBatch};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::reference::ReferenceIndex;
-use kvroute_state::index::{KvIndex, PrefixMatch};
-use kvroute_state::types::{BlockKey, EngineHash, EngineSlot, KvEvent};
+use kvroute_kv::vllm::{decode_batch, decode_batch_into, EventBatch};
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::reference::ReferenceIndex;
+use kvroute_kv::index::{KvIndex, PrefixMatch};
+use kvroute_kv::types::{BlockKey, EngineHash, EngineSlot, KvEvent};
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! The pick / report wire messages, as the state service decodes them from `/v1/pick` and
 //! `/v1/report` bodies (protobuf from the filter, JSON from anyone), and what the service then
-//! does with them: `kvroute_state::pick::pick` and `kvroute_state::report::apply` on a state
+//! does with them: `Picker::pick` and `Reporter::apply` on a state
 //! with a few workers and a real index, no network. The filter's side (`PickResponse`) is
 //! decoded too.
 //!
@@ -23,13 +23,14 @@
 use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_core::wire::{PickRequest, PickResponse, Report, ReportBatch};
 use kvroute_state::config::{Config, WorkerConfig};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::KvIndex;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::KvIndex;
+use kvroute_kv::types::{EngineHash, KvEvent, Tier};
+use kvroute_score::Policy;
+use kvroute_state::app::App;
 use kvroute_state::load::parse::VllmLoad;
 use kvroute_state::load::LoadState;
-use kvroute_state::score::Policy;
-use kvroute_state::state::AppState;
-use kvroute_state::types::{EngineHash, KvEvent, Tier};
+use kvroute_state::pick::Deadline;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use std::sync::{Arc, OnceLock};
@@ -41,7 +42,10 @@ const BS: usize = 16;
 const MAX_REPORTS: usize = 64;
 
 struct Fixture {
-    state: AppState,
+    state: App,
+    /// Drives the (async) pick: it completes without I/O here (no tokenizer, no worker
+    /// fallback, no wait for unknown response ids).
+    rt: tokio::runtime::Runtime,
     /// Keys of the prompt `0..HELD_TOKENS`; worker `a` holds all its blocks, `b` half.
     held: Vec<u64>,
 }
@@ -61,8 +65,10 @@ fn fixture() -> &'static Fixture {
                 ..WorkerConfig::new(id, model)
             });
         }
+        config.tokenization.worker_fallback = false;
+        config.responses.unknown_wait_ms = 0;
         let index = Arc::new(MemoryIndex::new());
-        let state = AppState::new(config, index.clone()).expect("valid fuzz config");
+        let state = App::new(config, index.clone()).expect("valid fuzz config");
         let tokens: Vec<u32> = (0..HELD_TOKENS).collect();
         for (id, blocks) in [("a", 8), ("b", 4)] {
             let worker = state.fleet.worker(id).expect("worker");
@@ -79,7 +85,8 @@ fn fixture() -> &'static Fixture {
             index.apply(worker.engines[0].slot, MODEL, BS as u32, &[stored]);
         }
         let held = token_block_keys(&KeyRoot::new(MODEL, ""), &tokens, BS).iter().map(|k| k.0).collect();
-        Fixture { state, held }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        Fixture { state, rt, held }
     })
 }
 
@@ -136,7 +143,7 @@ fn drive(flags: u8, pick_body: &[u8], report_body: &[u8]) {
     let fx = fixture();
     let state = &fx.state;
     let json = flags & 0x08 != 0;
-    state.set_policy(Policy::ALL[usize::from(flags & 0x07)]);
+    state.picker.set_policy(Policy::ALL[usize::from(flags & 0x07)]);
     if flags & 0x40 != 0 {
         for (i, w) in state.fleet.workers().iter().enumerate() {
             let load = VllmLoad { running: 3 * i as u32, waiting: 7 * (i as u32 % 2), kv_usage: 0.3 * i as f64, ..VllmLoad::default() };
@@ -152,7 +159,7 @@ fn drive(flags: u8, pick_body: &[u8], report_body: &[u8]) {
             let n = req.token_keys.len() % (fx.held.len() + 1);
             req.token_keys.splice(0..0, fx.held[..n].iter().copied());
         }
-        let resp = kvroute_state::pick::pick(state, &req);
+        let resp = fx.rt.block_on(state.picker.pick(&req, Deadline::default()));
         if verbose() {
             eprintln!("pick {req:?}\n  -> {resp:?}");
         }
@@ -165,7 +172,7 @@ fn drive(flags: u8, pick_body: &[u8], report_body: &[u8]) {
             if flags & 0x20 != 0 && assignment != 0 {
                 report.assignment_id = assignment;
             }
-            let outcome = kvroute_state::report::apply(state, report);
+            let outcome = state.reporter.apply(report);
             if verbose() {
                 eprintln!("report {report:?}\n  -> {outcome:?}");
             }
@@ -174,7 +181,7 @@ fn drive(flags: u8, pick_body: &[u8], report_body: &[u8]) {
     restore(state);
 }
 
-fn check_pick(state: &AppState, req: &PickRequest, resp: &PickResponse) {
+fn check_pick(state: &App, req: &PickRequest, resp: &PickResponse) {
     let once = resp.encode_to_vec();
     assert_eq!(PickResponse::decode(once.as_slice()).expect("response decodes").encode_to_vec(), once);
     serde_json::to_vec(resp).expect("response serializes as JSON");
@@ -193,8 +200,8 @@ fn verbose() -> bool {
 }
 
 /// Puts the fixture back: no assignment, learned route, calibration, load or suspicion left.
-fn restore(state: &AppState) {
-    state.reset();
+fn restore(state: &App) {
+    state.picker.reset();
     for w in state.fleet.workers() {
         *w.load.lock() = LoadState::default();
     }

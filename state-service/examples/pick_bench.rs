@@ -3,13 +3,14 @@
 //! `cargo run --release -p kvroute-state --example pick_bench [picks] [blocks]`
 //! Four healthy workers without KV events (so every key is new, as in tests/LATENCY.md),
 //! the real MemoryIndex, speculative credit on; each pick is reported complete afterwards.
-//! Prints the time inside `pick` (p50/p99 µs) — no HTTP, no protobuf.
+//! Prints the time inside `Picker::pick` (p50/p99 µs) — no HTTP, no protobuf.
 
 use kvroute_core::wire::PickRequest;
 use kvroute_state::config::{Config, WorkerConfig};
-use kvroute_state::index::memory::MemoryIndex;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_state::app::App;
 use kvroute_state::load::VllmLoad;
-use kvroute_state::state::AppState;
+use kvroute_state::pick::Deadline;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,8 +23,8 @@ fn main() -> anyhow::Result<()> {
         for i in 0..4 {
             config.workers.push(WorkerConfig { endpoint: format!("127.0.0.1:{}", 8000 + i), ..WorkerConfig::new(&format!("w{i}"), "m") });
         }
-        let state = AppState::new(config, Arc::new(MemoryIndex::new()))?;
-        for w in state.fleet.workers() {
+        let app = App::new(config, Arc::new(MemoryIndex::new()))?;
+        for w in app.fleet.workers() {
             w.load.lock().record_ok(VllmLoad::default(), tokio::time::Instant::now());
         }
         let mut lat = Vec::with_capacity(picks);
@@ -31,11 +32,11 @@ fn main() -> anyhow::Result<()> {
             let keys: Vec<u64> = (0..blocks).map(|b| (i << 32 | b).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
             let req = PickRequest { model: "m".into(), token_keys: keys, block_size: 16, prompt_tokens: blocks as u32 * 16, ..Default::default() };
             let t = Instant::now();
-            let resp = kvroute_state::pick::pick(&state, &req);
+            let resp = app.picker.pick(&req, Deadline::default()).await;
             lat.push(t.elapsed());
             anyhow::ensure!(!resp.worker_id.is_empty(), "not routed: {}", resp.degraded_reason().label());
             let done = kvroute_core::wire::Report { assignment_id: resp.assignment_id, kind: kvroute_core::wire::ReportKind::ReportComplete as i32, ..Default::default() };
-            kvroute_state::report::apply(&state, &done);
+            app.reporter.apply(&done);
         }
         lat.sort();
         let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;

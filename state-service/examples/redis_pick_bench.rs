@@ -8,6 +8,8 @@
 //! replica's router (a response header); the rest is loopback and waiting for a CPU.
 
 use kvroute_state::config::{Config, WorkerConfig};
+use kvroute_state::app::App;
+use kvroute_state::store::memory::MemoryStore;
 use kvroute_state::store::redis::RedisStore;
 use kvroute_state::store::StoreKind;
 use std::net::{SocketAddr, TcpListener};
@@ -59,16 +61,14 @@ fn replica_main(args: &[String]) -> anyhow::Result<()> {
     config.redis.key_prefix = prefix.clone();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let state = match config.store {
-            StoreKind::Memory => kvroute_state::app::start(config, Arc::new(kvroute_state::index::memory::MemoryIndex::new()))?,
-            StoreKind::Redis => {
-                let store = RedisStore::connect(&config).await?;
-                kvroute_state::app::start_with_store(config, store.index.clone(), store)?
-            }
+        let store = match config.store {
+            StoreKind::Memory => MemoryStore::store(Arc::new(kvroute_kv::index::memory::MemoryIndex::new())),
+            StoreKind::Redis => RedisStore::connect(&config).await?.store(),
         };
+        let state = App::start(config, store)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("{}", listener.local_addr()?);
-        let app = kvroute_state::api::app(state).layer(axum::middleware::from_fn(trace));
+        let app = state.router().layer(axum::middleware::from_fn(trace));
         // Exits when the bench closes our stdin.
         tokio::spawn(async move { axum::serve(listener, app).await });
         tokio::task::spawn_blocking(|| std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1])).await??;

@@ -1,36 +1,152 @@
-//! Wiring: turns a validated config and an index into the running service: state, every
-//! worker's feeds (metrics scraper, KV-event ingestion per engine), and the periodic sweep of
-//! expired assignments. `main` calls [`start`] and serves [`crate::api::app`]; tests build
-//! [`AppState`] directly and drive it without background tasks.
+//! The composition root: builds every component from a validated config and a store, wires
+//! them one way, and starts what runs in the background (every worker's feeds, the sweep of
+//! expired assignments, the replicated-changes loop, the budget overrides' refresh).
+//!
+//! Each component owns what it uses and registers its own metrics here, once: the [`Picker`]
+//! (the pick path), the [`Reporter`] (the proxy's reports), [`Membership`] (workers and their
+//! feeds), the [`Tenants`] (budgets), [`Tokenization`] and the [`Fleet`] they share. `main`
+//! calls [`App::start`] and serves [`App::router`]; tests build an [`App`] without
+//! background tasks ([`App::build`]) and drive its components directly.
 
 use crate::config::Config;
-use crate::fleet::AddWorkerError;
-use crate::index::KvIndex;
-use crate::state::AppState;
-use crate::store::{memory::MemoryStore, SharedStore};
+use crate::feeds::Feeds;
+use crate::fleet::{AddWorkerError, Fleet};
+use crate::load::Scraper;
+use crate::membership::Membership;
+use crate::metrics::Registry;
+use crate::pick::{Picker, PickerParts};
+use crate::reporter::Reporter;
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+use crate::stored::Owners;
+use crate::tenancy::{Tenants, OVERRIDES_REFRESH};
+use crate::tokenization::Tokenization;
+use kvroute_kv::index::KvIndex;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// How often expired assignments and speculative credit are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// Builds the state, starts every worker's feeds and the sweeper. Needs a tokio runtime.
-pub fn start(config: Config, index: Arc<dyn KvIndex>) -> Result<AppState, AddWorkerError> {
-    start_with_store(config, index, Arc::new(MemoryStore))
+/// The service's components, built once; cheap to clone (the API's state).
+#[derive(Clone)]
+pub struct App {
+    pub config: Arc<Config>,
+    pub fleet: Arc<Fleet>,
+    pub picker: Arc<Picker>,
+    pub reporter: Arc<Reporter>,
+    pub membership: Arc<Membership>,
+    pub tenants: Arc<Tenants>,
+    pub tokenization: Arc<Tokenization>,
+    /// Every metric family, for `/metrics` (filled while building; read-only after).
+    pub metrics: Arc<Registry>,
+    /// The API's own metric handles (registered with the rest).
+    pub api_metrics: Arc<crate::api::ApiMetrics>,
 }
 
-/// [`start`] with a shared store (the Redis store passes its mirrored index as `index`).
-pub fn start_with_store(config: Config, index: Arc<dyn KvIndex>, store: Arc<dyn SharedStore>) -> Result<AppState, AddWorkerError> {
-    let state = AppState::with_store(config, index, store)?;
-    state.tokenization.preload(state.fleet.workers().iter().map(|w| w.config.model.clone()).collect());
-    state.start_feeds();
-    let sweeper = state.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SWEEP_EVERY);
-        loop {
-            tick.tick().await;
-            sweeper.sweep();
+impl App {
+    /// The service on the memory store over `index`, with the configured workers registered
+    /// (their feeds start with [`App::start`]).
+    pub fn new(config: Config, index: Arc<dyn KvIndex>) -> Result<App, AddWorkerError> {
+        App::build(config, MemoryStore::store(index))
+    }
+
+    /// [`App::new`] on `store`. What the store knows already (a warm start) is applied before
+    /// this returns; other replicas' later changes by a task when a runtime runs.
+    pub fn build(config: Config, store: Store) -> Result<App, AddWorkerError> {
+        let Store { index, replication, warm_start, workers, responses, ledger, collector } = store;
+        let config = Arc::new(config);
+        let mut registry = Registry::default();
+        if let Some(collector) = collector {
+            registry.register_collector(collector);
         }
-    });
-    Ok(state)
+        let fleet = Fleet::new(config.clone(), index.clone(), replication.clone(), &mut registry);
+        let tokenization = Arc::new(Tokenization::new(&config, &mut registry));
+        let tenants = Arc::new(Tenants::new(config.tenancy.clone(), ledger, config.timeouts.assignment_ttl_ms, &mut registry));
+        let owners = Arc::new(Owners::new(config.responses.clone()));
+        let parts = PickerParts {
+            fleet: fleet.clone(),
+            tokenization: tokenization.clone(),
+            tenants: tenants.clone(),
+            owners: owners.clone(),
+            responses: responses.clone(),
+        };
+        let picker = Arc::new(Picker::new(parts, &config, &mut registry));
+        let reporter = Arc::new(Reporter::new(fleet.clone(), tenants.clone(), owners, responses, &mut registry));
+        let t = &config.timeouts;
+        let scraper = Scraper {
+            client: reqwest::Client::new(),
+            interval: Duration::from_millis(t.scrape_interval_ms),
+            timeout: Duration::from_millis(t.scrape_timeout_ms),
+            unhealthy_after: config.unhealthy_after,
+        };
+        let feeds = Feeds { scraper, index, warm_start };
+        let membership = Arc::new(Membership::new(fleet.clone(), workers, feeds, Duration::from_millis(config.resilience.drain_timeout_ms)));
+        for worker in &config.workers {
+            membership.add_worker(worker)?;
+        }
+        let api_metrics = Arc::new(crate::api::ApiMetrics::register(&mut registry));
+        // Other replicas' changes: what is known already now, the rest as it comes.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        replication.attach(tx);
+        while let Ok(event) = rx.try_recv() {
+            membership.apply_replicated(event);
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let membership = membership.clone();
+            tokio::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    membership.apply_replicated(event);
+                }
+            });
+        }
+        let metrics = Arc::new(registry);
+        Ok(App { config, fleet, picker, reporter, membership, tenants, tokenization, metrics, api_metrics })
+    }
+
+    /// [`App::build`], then starts the background work: tokenizer loads, every worker's
+    /// feeds, the sweeper and the budget overrides' refresh. Needs a tokio runtime.
+    pub fn start(config: Config, store: Store) -> Result<App, AddWorkerError> {
+        let app = App::build(config, store)?;
+        app.tokenization.preload(app.fleet.workers().iter().map(|w| w.config.model.clone()).collect());
+        app.membership.start_feeds();
+        let fleet = app.fleet.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                tick.tick().await;
+                fleet.sweep(Instant::now());
+            }
+        });
+        if app.tenants.is_shared() {
+            let tenants = app.tenants.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(OVERRIDES_REFRESH);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = tenants.refresh().await {
+                        tracing::debug!(error = %e, "budget overrides not refreshed");
+                    }
+                }
+            });
+        }
+        Ok(app)
+    }
+
+    /// The HTTP API over these components.
+    pub fn router(&self) -> axum::Router {
+        crate::api::app(crate::api::ApiState {
+            config: self.config.clone(),
+            fleet: self.fleet.clone(),
+            picker: self.picker.clone(),
+            reporter: self.reporter.clone(),
+            membership: self.membership.clone(),
+            tenants: self.tenants.clone(),
+            tokenization: self.tokenization.clone(),
+            registry: self.metrics.clone(),
+            metrics: self.api_metrics.clone(),
+        })
+    }
 }

@@ -16,8 +16,8 @@ mod table;
 pub use speculative::Speculative;
 pub use table::{Assignments, Expired, Insert, Pending};
 
-use crate::score::{Features, Policy};
-use crate::types::WorkerId;
+use kvroute_score::{Features, Policy};
+use kvroute_kv::types::WorkerId;
 use std::fmt;
 use tokio::time::Instant;
 

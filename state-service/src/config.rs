@@ -15,7 +15,7 @@ pub use store::{RedisConfig, StoreKind};
 pub use file::{Config, ModelConfig, Priors, Resilience, Timeouts, Tokenization, WorkerConfig};
 pub use validate::ConfigError;
 
-use crate::score::Policy;
+use kvroute_score::Policy;
 use std::path::Path;
 
 impl Config {

@@ -1,20 +1,20 @@
 //! What keeps a worker's view fresh: its metrics scraper and one KV-event ingestion thread
-//! per engine. Started for every worker once the service runs (the state's `start_feeds`),
+//! per engine. Started for every worker once the service runs ([`crate::membership`]),
 //! stopped with the worker (the tasks and threads are the worker entry's).
 
 use crate::config::WorkerConfig;
 use crate::fleet::{FeedSnapshot, FeedStats, WorkerEntry};
-use crate::index::KvIndex;
+use kvroute_kv::index::KvIndex;
 use crate::ingest::{connect_endpoint, spawn_ingest, EventKind, IngestConfig, IngestStats, RejectKind};
 use crate::load::{spawn_scraper, Scraper};
-use crate::store::SharedStore;
+use crate::store::WarmStart;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct Feeds {
     pub scraper: Scraper,
     pub index: Arc<dyn KvIndex>,
-    pub store: Arc<dyn SharedStore>,
+    pub warm_start: Arc<dyn WarmStart>,
 }
 
 impl Feeds {
@@ -34,7 +34,7 @@ impl Feeds {
         };
         for engine in &worker.engines {
             let stats = Arc::new(IngestStats::new());
-            let resume_from = self.store.engine_started(worker, engine.rank, &stats);
+            let resume_from = self.warm_start.engine_started(worker, engine.rank, &stats);
             let cfg = IngestConfig {
                 engine: engine.slot,
                 endpoint: connect_endpoint(&rank_endpoint(events, engine.rank)),

@@ -2,10 +2,12 @@
 //! prefill (calibration), what we assigned them and have not heard the end of, and the
 //! short-lived credit a pick gives its worker.
 //!
-//! What other replicas must agree on changes only through one typed [`FleetEvent`] and
-//! [`Fleet::apply`], whether the event comes from this replica (a pick, a report, the admin
-//! API) or from another replica through the shared store: the calibration branch, the
-//! assignment bookkeeping and worker registration each exist once. Reads are snapshots
+//! What other replicas must agree on changes through a few typed operations ([`Fleet::assign`],
+//! [`Fleet::first_token`], [`Fleet::finish`], [`Fleet::suspect`], [`Fleet::drain`]), each of
+//! which hands what it changed to the [`Replication`] sink; another replica's change arrives
+//! as a [`FleetEvent`] and goes through the same code ([`Fleet::apply_replicated`]) without
+//! being shared again: the calibration branch, the assignment bookkeeping and worker
+//! registration each exist once. Reads are snapshots
 //! ([`Fleet::model_view`]) that the pick computes on without holding any fleet lock. Outside
 //! the events stay what is this replica's own and never replicated: scraped load (the scraper
 //! writes a worker's [`LoadState`] cell), learned text-chunk routes ([`Fleet::learn`]), expiry
@@ -20,19 +22,25 @@ pub mod collector;
 pub mod event;
 pub mod feed;
 pub mod registry;
+pub mod replication;
 
-pub use event::{Applied, FleetEvent, Usage};
+pub use event::{Assigned, Change, End, FirstToken, FleetEvent, Usage};
+pub use replication::Replication;
 pub use feed::{FeedSnapshot, FeedStats};
 pub use registry::{Engine, Registry, RegistryError, WorkerEntry};
 
-use crate::assign::{Assignment, Assignments, Insert, ReportOutcome, Speculative};
+use crate::assign::{Assignment, AssignmentId, Assignments, Insert, ReportOutcome, Speculative};
 use crate::config::{Config, ConfigError, WorkerConfig};
-use crate::index::KvIndex;
+use kvroute_kv::index::KvIndex;
 use crate::load::LoadState;
-use crate::score::prefix_sets::{Evict, PrefixSets, SetMatch};
-use crate::score::{peers, ApproxMap, Calibration, Policy};
-use crate::types::{BlockKey, WorkerId};
+use kvroute_score::prefix_sets::{Evict, PrefixSets, SetMatch};
+use kvroute_score::{peers, ApproxMap, Calibration, Policy};
+use kvroute_kv::types::{BlockKey, WorkerId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
+use crate::metrics::{self, ExpiryKind, ExpiryLabels};
+use kvroute_core::wire::UpstreamFailure;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -46,9 +54,6 @@ pub enum AddWorkerError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
-    /// The fleet answered a registration with something else (a bug, logged, never a panic).
-    #[error("unexpected registration outcome: {0}")]
-    Unexpected(String),
 }
 
 /// A read-only view of the assignment table (API listings, tests).
@@ -136,8 +141,32 @@ pub struct Fleet {
     /// What the approximate peer policies remember (SGLang's trees, llm-d's per-pod LRUs).
     peer_sets: Mutex<PeerSets>,
     index: Arc<dyn KvIndex>,
+    /// Where this replica's own changes go (other replicas; nowhere with the memory store).
+    replication: Arc<dyn Replication>,
+    metrics: FleetMetrics,
+}
+
+/// The fleet's own metric families.
+struct FleetMetrics {
     /// `kvroute_assignments_in_flight`, kept equal to the table's size.
     in_flight: Gauge,
+    /// Assignments freed by a TTL because nobody reported them.
+    expired: Family<ExpiryLabels, Counter>,
+}
+
+impl FleetMetrics {
+    fn register(registry: &mut metrics::Registry) -> FleetMetrics {
+        let m = FleetMetrics { in_flight: Gauge::default(), expired: Family::default() };
+        registry.register("assignments_in_flight", "Assignments not yet completed, cancelled or expired", m.in_flight.clone());
+        registry.register("assignments_expired", "Assignments freed by a TTL, by which TTL", m.expired.clone());
+        m
+    }
+
+    fn count_expired(&self, ttl: ExpiryKind, n: u64) {
+        if n > 0 {
+            self.expired.get_or_create(&ExpiryLabels { ttl }).inc_by(n);
+        }
+    }
 }
 
 fn ms(v: u64) -> Duration {
@@ -145,10 +174,11 @@ fn ms(v: u64) -> Duration {
 }
 
 impl Fleet {
-    /// An empty fleet; `in_flight` is the gauge it keeps current.
-    pub fn new(config: Arc<Config>, index: Arc<dyn KvIndex>, in_flight: Gauge) -> Fleet {
+    /// An empty fleet whose changes go to `replication`; registers its metrics (and its
+    /// scrape-time collector) in `registry`.
+    pub fn new(config: Arc<Config>, index: Arc<dyn KvIndex>, replication: Arc<dyn Replication>, registry: &mut metrics::Registry) -> Arc<Fleet> {
         let t = &config.timeouts;
-        Fleet {
+        let fleet = Arc::new(Fleet {
             registry: RwLock::new(Registry::new()),
             assignments: Mutex::new(Assignments::with_capacity(
                 ms(t.assignment_ttl_ms),
@@ -159,57 +189,104 @@ impl Fleet {
             approx: Mutex::new(ApproxMap::new(config.approx_capacity)),
             peer_sets: Mutex::new(PeerSets::default()),
             index,
-            in_flight,
+            replication,
+            metrics: FleetMetrics::register(registry),
             config,
-        }
+        });
+        registry.register_collector(Box::new(collector::FleetCollector(fleet.clone())));
+        fleet
     }
 
-    /// Applies one change. Idempotent where replication needs it: an assignment already
-    /// known, a worker already registered or already gone changes nothing.
-    pub fn apply(&self, event: &FleetEvent, now: Instant) -> Applied {
-        let applied = match event {
-            FleetEvent::Assigned { assignment, credit } => self.assign(assignment, credit, now),
-            FleetEvent::FirstToken { id, elapsed_ms } => self.first_token(*id, *elapsed_ms, now),
-            FleetEvent::Completed { id, .. } => match self.table(|t| t.finish(*id)) {
-                ReportOutcome::Freed(a) => Applied::Freed(a),
-                _ => Applied::Unknown,
-            },
-            // A cancel may overtake its pick (the proxy gave up on a slow answer): remembered,
-            // so the pick is discarded when it is recorded.
-            FleetEvent::Cancelled { id } => match self.table(|t| t.finish(*id)) {
-                ReportOutcome::Freed(a) => Applied::Freed(a),
-                _ => {
-                    self.assignments.lock().remember_cancel(*id, now);
-                    Applied::Unknown
-                }
-            },
-            FleetEvent::WorkerAdded(config) => match self.add_worker(config) {
-                Ok(entry) => Applied::WorkerAdded(entry),
-                Err(e) => Applied::Rejected(e),
-            },
-            FleetEvent::WorkerRemoved(id) => self.remove_worker(id).map_or(Applied::Unknown, Applied::WorkerRemoved),
-            FleetEvent::CalibrationRestored { worker, calibration } => match self.worker(worker.as_str()) {
-                Some(w) => {
+    /// Records a pick's assignment and credits its worker with `credit` until the worker's
+    /// own events arrive; shared with the other replicas when recorded.
+    pub fn assign(&self, assignment: &Assignment, credit: &Arc<[BlockKey]>, now: Instant) -> Assigned {
+        let assigned = self.insert(assignment, credit, now);
+        if assigned == Assigned::Recorded {
+            self.replication.publish(Change::Assigned { assignment, credit });
+        }
+        assigned
+    }
+
+    /// The first token of assignment `id` arrived `elapsed_ms` after it was forwarded: the
+    /// one calibration branch (a usable elapsed time refits the worker's cost model from the
+    /// features its pick predicted with). Shared when it marked a live assignment.
+    pub fn first_token(&self, id: AssignmentId, elapsed_ms: f64, now: Instant) -> FirstToken {
+        let first = self.mark_first_token(id, elapsed_ms, now);
+        if let FirstToken::Marked { assignment, calibration } = &first {
+            self.replication.publish(Change::FirstToken { assignment, elapsed_ms, calibration: calibration.as_ref() });
+        }
+        first
+    }
+
+    /// Frees assignment `id` (completed or cancelled); shared when it was live. A cancel may
+    /// overtake its pick (the proxy gave up on a slow answer): it is remembered, so the pick
+    /// is discarded when it is recorded.
+    pub fn finish(&self, id: AssignmentId, end: End, now: Instant) -> Option<Assignment> {
+        let freed = self.free(id, end, now);
+        if freed.is_some() {
+            self.replication.publish(Change::Freed { id });
+        }
+        freed
+    }
+
+    /// The proxy saw `worker` fail: no picks until a check of it succeeds. The entry when it
+    /// was not suspect before (then shared).
+    pub fn suspect(&self, worker: &WorkerId, reason: UpstreamFailure, now: Instant) -> Option<Arc<WorkerEntry>> {
+        let marked = self.mark(worker, |l| l.suspect(reason, now));
+        if marked.is_some() {
+            self.replication.publish(Change::Suspected { worker, reason });
+        }
+        marked
+    }
+
+    /// No new picks to `worker`. The entry when it was not draining before (then shared).
+    pub fn drain(&self, worker: &WorkerId) -> Option<Arc<WorkerEntry>> {
+        let marked = self.mark(worker, |l| !std::mem::replace(&mut l.draining, true));
+        if marked.is_some() {
+            self.replication.publish(Change::Draining { worker });
+        }
+        marked
+    }
+
+    /// Applies a change another replica made (or a warm start found); nothing is shared
+    /// again. Workers come and go through [`Fleet::register`] / [`Fleet::unregister`], which
+    /// start and stop their feeds too: the caller routes those two.
+    pub fn apply_replicated(&self, event: &FleetEvent, now: Instant) {
+        match event {
+            FleetEvent::Assigned { assignment, credit } => {
+                self.insert(assignment, credit, now);
+            }
+            FleetEvent::FirstToken { id, elapsed_ms } => {
+                self.mark_first_token(*id, *elapsed_ms, now);
+            }
+            FleetEvent::Completed { id, .. } => {
+                self.free(*id, End::Completed, now);
+            }
+            FleetEvent::Cancelled { id } => {
+                self.free(*id, End::Cancelled, now);
+            }
+            FleetEvent::CalibrationRestored { worker, calibration } => {
+                if let Some(w) = self.worker(worker.as_str()) {
                     *w.calibration.lock() = *calibration;
-                    Applied::Calibrated
                 }
-                None => Applied::Unknown,
-            },
-            FleetEvent::Suspected { worker, reason } => self.mark(worker, |l| l.suspect(*reason, now)),
-            FleetEvent::Draining(worker) => self.mark(worker, |l| !std::mem::replace(&mut l.draining, true)),
-        };
-        applied
+            }
+            FleetEvent::Suspected { worker, reason } => {
+                self.mark(worker, |l| l.suspect(*reason, now));
+            }
+            FleetEvent::Draining(worker) => {
+                self.mark(worker, |l| !std::mem::replace(&mut l.draining, true));
+            }
+            FleetEvent::WorkerAdded(_) | FleetEvent::WorkerRemoved(_) => {
+                tracing::warn!("a worker change reached the fleet without its feeds: ignored");
+            }
+        }
     }
 
     /// Marks a worker's health cell; `mark` says whether it changed anything.
-    fn mark(&self, worker: &WorkerId, mark: impl FnOnce(&mut LoadState) -> bool) -> Applied {
-        let Some(entry) = self.worker(worker.as_str()) else { return Applied::Unknown };
+    fn mark(&self, worker: &WorkerId, mark: impl FnOnce(&mut LoadState) -> bool) -> Option<Arc<WorkerEntry>> {
+        let entry = self.worker(worker.as_str())?;
         let changed = mark(&mut entry.load.lock());
-        if changed {
-            Applied::Marked(entry)
-        } else {
-            Applied::Duplicate
-        }
+        changed.then_some(entry)
     }
 
     /// Runs `f` on the assignment table and keeps `kvroute_assignments_in_flight` equal to its
@@ -217,25 +294,23 @@ impl Fleet {
     fn table<R>(&self, f: impl FnOnce(&mut Assignments) -> R) -> R {
         let mut table = self.assignments.lock();
         let r = f(&mut table);
-        self.in_flight.set(table.len() as i64);
+        self.metrics.in_flight.set(table.len() as i64);
         r
     }
 
-    fn assign(&self, assignment: &Assignment, credit: &[BlockKey], now: Instant) -> Applied {
+    fn insert(&self, assignment: &Assignment, credit: &[BlockKey], now: Instant) -> Assigned {
         match self.table(|table| table.insert(assignment.clone())) {
-            Insert::Known => return Applied::Duplicate,
-            Insert::Cancelled => return Applied::Abandoned,
+            Insert::Known => return Assigned::Taken,
+            Insert::Cancelled => return Assigned::Abandoned,
             Insert::Inserted => {}
         }
         if !credit.is_empty() {
             self.speculative.lock().credit(credit, &assignment.worker, now);
         }
-        Applied::Assigned
+        Assigned::Recorded
     }
 
-    /// The one calibration branch: a first token with a usable elapsed time refits the
-    /// worker's cost model from the features its pick predicted with.
-    fn first_token(&self, id: crate::assign::AssignmentId, elapsed_ms: f64, now: Instant) -> Applied {
+    fn mark_first_token(&self, id: AssignmentId, elapsed_ms: f64, now: Instant) -> FirstToken {
         let outcome = self.assignments.lock().first_token(id, now);
         match outcome {
             ReportOutcome::FirstToken(a) => {
@@ -247,14 +322,32 @@ impl Fleet {
                         c.observe(&a.features, elapsed_ms);
                         *c
                     });
-                Applied::FirstToken { assignment: a, calibration }
+                FirstToken::Marked { assignment: a, calibration }
             }
-            ReportOutcome::Duplicate => Applied::Duplicate,
-            ReportOutcome::Freed(_) | ReportOutcome::Unknown => Applied::Unknown,
+            ReportOutcome::Duplicate => FirstToken::Duplicate,
+            ReportOutcome::Freed(_) | ReportOutcome::Unknown => FirstToken::Unknown,
         }
     }
 
-    fn add_worker(&self, worker: &WorkerConfig) -> Result<Arc<WorkerEntry>, AddWorkerError> {
+    fn free(&self, id: AssignmentId, end: End, now: Instant) -> Option<Assignment> {
+        match self.table(|t| t.finish(id)) {
+            ReportOutcome::Freed(a) => Some(a),
+            _ => {
+                if end == End::Cancelled {
+                    self.assignments.lock().remember_cancel(id, now);
+                }
+                None
+            }
+        }
+    }
+
+    /// Whether `worker` may join this fleet (the config's rules, checked again at runtime).
+    pub fn validate_worker(&self, worker: &WorkerConfig) -> Result<(), ConfigError> {
+        self.config.validate_worker(worker)
+    }
+
+    /// Validates and registers a worker (its feeds are the caller's to start).
+    pub fn register(&self, worker: &WorkerConfig) -> Result<Arc<WorkerEntry>, AddWorkerError> {
         self.config.validate_worker(worker)?;
         let block_size = self.config.worker_block_size(worker);
         let p = &self.config.priors;
@@ -272,7 +365,7 @@ impl Fleet {
     /// caller's to stop (they may join threads: not under a fleet lock), and only then its
     /// engines' index entries to clear ([`Fleet::clear_engines`]): a batch ingested between a
     /// clear and the stop would otherwise stay in the index for good.
-    fn remove_worker(&self, id: &WorkerId) -> Option<Arc<WorkerEntry>> {
+    pub fn unregister(&self, id: &WorkerId) -> Option<Arc<WorkerEntry>> {
         let entry = self.registry.write().remove(id.as_str())?;
         self.table(|t| t.forget_worker(&entry.id));
         self.speculative.lock().forget_worker(&entry.id);
@@ -289,12 +382,14 @@ impl Fleet {
         }
     }
 
-    /// Frees expired assignments and speculative credit; returns (first-token, complete)
-    /// expiries for the metrics.
-    pub fn sweep(&self, now: Instant) -> (u64, u64) {
+    /// Frees expired assignments and speculative credit, and counts the expiries. Run
+    /// periodically and before any answer that reports assignments, so paused-time tests see
+    /// expiry without a timer.
+    pub fn sweep(&self, now: Instant) {
         let expired = self.table(|t| t.expire(now));
         self.speculative.lock().purge(now);
-        (expired.first_token, expired.complete)
+        self.metrics.count_expired(ExpiryKind::FirstToken, expired.first_token);
+        self.metrics.count_expired(ExpiryKind::Complete, expired.complete);
     }
 
     /// Forgets learned approximate keys, speculative credit, assignments and calibration
@@ -325,6 +420,11 @@ impl Fleet {
 
     pub fn assignments(&self) -> AssignmentsView<'_> {
         AssignmentsView(self.assignments.lock())
+    }
+
+    /// Where this replica's changes go: whether shared state is reachable, the id salt.
+    pub fn replication(&self) -> &dyn Replication {
+        self.replication.as_ref()
     }
 
     pub fn index(&self) -> &Arc<dyn KvIndex> {

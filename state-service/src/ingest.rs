@@ -30,8 +30,8 @@ mod worker;
 
 pub use stats::{EventKind, IngestStats, RejectKind};
 
-use crate::index::KvIndex;
-use crate::types::EngineSlot;
+use kvroute_kv::index::KvIndex;
+use kvroute_kv::types::EngineSlot;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;

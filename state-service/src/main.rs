@@ -1,13 +1,14 @@
 //! `kvroute-state --config path.toml [--listen 127.0.0.1:9000] [--policy kvroute]`
 //!
-//! Thin on purpose: parse the config, start the service (`app::start`), serve the API until
+//! Thin on purpose: parse the config, start the service (`App::start`), serve the API until
 //! SIGTERM or ctrl-c.
 
 use anyhow::Context;
 use clap::Parser;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_state::app::App;
 use kvroute_state::config::{Cli, Config};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::store::{redis::RedisStore, StoreKind};
+use kvroute_state::store::{memory::MemoryStore, redis::RedisStore, StoreKind};
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
@@ -26,17 +27,14 @@ async fn main() -> anyhow::Result<()> {
     let config = Config::from_cli(&cli).context("configuration")?;
     let listen = config.listen;
     let (workers, policy) = (config.workers.len(), config.policy);
-    let state = match config.store {
-        StoreKind::Memory => kvroute_state::app::start(config, Arc::new(MemoryIndex::new())),
-        StoreKind::Redis => {
-            let store = RedisStore::connect(&config).await.context("redis store")?;
-            kvroute_state::app::start_with_store(config, store.index.clone(), store)
-        }
-    }
-    .context("registering workers")?;
+    let store = match config.store {
+        StoreKind::Memory => MemoryStore::store(Arc::new(MemoryIndex::new())),
+        StoreKind::Redis => RedisStore::connect(&config).await.context("redis store")?.store(),
+    };
+    let app = App::start(config, store).context("registering workers")?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, workers, %policy, "kvroute-state serving");
-    axum::serve(listener, kvroute_state::api::app(state)).with_graceful_shutdown(shutdown()).await.context("serving")?;
+    axum::serve(listener, app.router()).with_graceful_shutdown(shutdown()).await.context("serving")?;
     tracing::info!("kvroute-state stopped");
     Ok(())
 }

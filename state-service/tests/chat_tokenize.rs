@@ -12,10 +12,9 @@ use common::{config, TestIndex};
 use kvroute_core::keys::{text_chunk_keys, KeyRoot, DEFAULT_TEXT_CHUNK_BYTES};
 use kvroute_core::request::Api;
 use kvroute_core::wire::{Endpoint, PickRequest, PickResponse, TokenizationPath};
-use kvroute_state::api::app;
 use kvroute_state::config::{Config, ModelConfig};
-use kvroute_state::state::AppState;
-use kvroute_state::types::EngineSlot;
+use kvroute_state::app::App;
+use kvroute_kv::types::EngineSlot;
 use kvroute_tokenize::ModelTokenizer;
 use parking_lot::Mutex;
 use prost::Message;
@@ -68,16 +67,16 @@ fn expected(template_input: &str) -> (Vec<u32>, Vec<u64>) {
 fn build(config: Config, tokenizer_dir: Option<PathBuf>) -> (Router, Arc<TestIndex>) {
     let (state, index) = build_state(config, tokenizer_dir);
     state.tokenization.local.load("m");
-    (app(state), index)
+    (state.router(), index)
 }
 
-fn build_state(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (AppState, Arc<TestIndex>) {
+fn build_state(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (App, Arc<TestIndex>) {
     config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir });
     // These tests are about exactness, not timing: a cold encoding on a loaded CI machine may
     // take longer than the production deadline (`a_slow_encoding_is_not_waited_for` is about it).
     config.tokenization.deadline_ms = 10_000;
     let index = Arc::new(TestIndex::default());
-    (AppState::new(config, index.clone()).expect("valid config"), index)
+    (App::new(config, index.clone()).expect("valid config"), index)
 }
 
 async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
@@ -278,9 +277,9 @@ async fn a_slow_encoding_is_not_waited_for() {
     config.tokenization.inline_max_bytes = 0;
     config.tokenization.deadline_ms = 1;
     config.tokenization.worker_fallback = false;
-    let state = AppState::new(config, Arc::new(TestIndex::default())).expect("valid config");
+    let state = App::new(config, Arc::new(TestIndex::default())).expect("valid config");
     state.tokenization.local.load("m");
-    let app = app(state);
+    let app = state.router();
     let text = "Once upon a time a router learned to read KV events. ".repeat(400);
     let keys = text_chunk_keys(&KeyRoot::new("m", ""), &text, DEFAULT_TEXT_CHUNK_BYTES).into_iter().map(|k| k.0).collect();
     let req = PickRequest { model: "m".into(), endpoint: Endpoint::Completions as i32, prompt_text: text, text_chunk_keys: keys, ..Default::default() };
@@ -373,7 +372,7 @@ async fn missing_tokenizer_falls_to_the_worker_then_to_text_chunks() {
 #[tokio::test]
 async fn other_policies_and_token_prompts_do_not_tokenize() {
     let mut cfg = config(&["a"]);
-    cfg.policy = kvroute_state::score::Policy::SglangCacheAware;
+    cfg.policy = kvroute_score::Policy::SglangCacheAware;
     let (app, _) = build(cfg, Some(fixture_dir()));
     let (req, _) = chat_pick(&chat_body());
     assert_eq!(pick(&app, &req).await.tokenization, TokenizationPath::TokenizationTextChunks as i32);
@@ -389,7 +388,7 @@ async fn a_pick_never_waits_for_the_tokenizer_to_load() {
     let mut cfg = config(&["a"]);
     cfg.tokenization.worker_fallback = false;
     let (state, _) = build_state(cfg, Some(fixture_dir()));
-    let app = app(state.clone());
+    let app = state.router();
     let (req, _) = chat_pick(&chat_body());
     // Not loaded yet: this pick starts the load in the background and uses text chunks.
     let first = pick(&app, &req).await;

@@ -12,10 +12,10 @@
 //! `KVROUTE_SKIP_PY=1`, which turns it into a no-op.
 
 use kvroute_core::keys::{token_block_keys, KeyRoot};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::KvIndex;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::KvIndex;
 use kvroute_state::ingest::{spawn_ingest, IngestConfig, IngestHandle, IngestStats, RejectKind};
-use kvroute_state::types::{BlockKey, EngineSlot};
+use kvroute_kv::types::{BlockKey, EngineSlot};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

@@ -11,9 +11,9 @@ use kvroute_sim::chat::ChatTokenizer;
 use kvroute_sim::cluster::{Cluster, ClusterConfig, WorkerLayout};
 use kvroute_sim::engine::{EngineConfig, OffloadConfig};
 use kvroute_state::config::{Config, WorkerConfig};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::KvIndex;
-use kvroute_state::state::AppState;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::KvIndex;
+use kvroute_state::app::App;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +53,7 @@ async fn sim_state(client: &reqwest::Client, l: &WorkerLayout) -> (BTreeSet<u64>
     (set("cached_block_hashes"), set("cpu_cached_block_hashes"), r["publisher"]["next_seq"].as_u64().expect("next_seq"))
 }
 
-fn last_seq(state: &AppState) -> Option<u64> {
+fn last_seq(state: &App) -> Option<u64> {
     let w = state.fleet.worker("w0").expect("worker");
     let feed = w.engines[0].feed.lock().clone().expect("ingestion runs");
     feed.snapshot().last_seq
@@ -71,7 +71,7 @@ async fn a_prefix_evicted_from_the_gpu_is_matched_in_the_cpu_tier_and_predicted_
         block_size: Some(l.block_size as u32),
         ..WorkerConfig::new("w0", &l.model)
     };
-    let state = kvroute_state::app::start(Config { workers: vec![worker], ..Config::default() }, index.clone()).expect("valid config");
+    let state = kvroute_state::app::App::start(Config { workers: vec![worker], ..Config::default() }, kvroute_state::store::memory::MemoryStore::store(index.clone())).expect("valid config");
     let client = reqwest::Client::new();
 
     let first = prompt(0, 20);
@@ -103,7 +103,7 @@ async fn a_prefix_evicted_from_the_gpu_is_matched_in_the_cpu_tier_and_predicted_
     assert!(m.gpu_blocks < m.matched_blocks, "pushed out of the GPU by the later prompts: {m:?}");
 
     let req = PickRequest { model: l.model.clone(), token_keys: keys.iter().map(|k| k.0).collect(), block_size: 16, prompt_tokens: first.len() as u32, ..Default::default() };
-    let resp = kvroute_state::pick::pick(&state, &req);
+    let resp = state.picker.pick(&req, kvroute_state::pick::Deadline::default()).await;
     assert_eq!(resp.matched_blocks, m.matched_blocks, "{resp:?}");
     // An idle worker: prediction = steps + (uncached prefill) + reload of the offloaded part.
     let p = &state.config.priors;
@@ -112,5 +112,5 @@ async fn a_prefix_evicted_from_the_gpu_is_matched_in_the_cpu_tier_and_predicted_
     let want = p.overhead_ms + p.per_token_ms * uncached + p.reload_ms_per_token * reloaded;
     assert!((resp.predicted_ttft_ms - want).abs() < 1e-6, "predicted {} want {want}", resp.predicted_ttft_ms);
     drop(w);
-    assert!(state.remove_worker("w0"));
+    assert!(state.membership.remove_worker("w0"));
 }

@@ -7,8 +7,8 @@ use kvroute_sim::chat::ChatTokenizer;
 use kvroute_sim::cluster::{Cluster, ClusterConfig, WorkerLayout};
 use kvroute_sim::engine::EngineConfig;
 use kvroute_state::config::{Config, WorkerConfig};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::state::AppState;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_state::app::App;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,7 @@ async fn rank_state(client: &reqwest::Client, l: &WorkerLayout, rank: usize) -> 
     (hashes, r["publisher"]["next_seq"].as_u64().expect("next_seq"))
 }
 
-fn last_seq(state: &AppState, rank: usize) -> Option<u64> {
+fn last_seq(state: &App, rank: usize) -> Option<u64> {
     let w = state.fleet.worker("w0").expect("worker");
     let feed = w.engines[rank].feed.lock().clone().expect("ingestion runs");
     feed.snapshot().last_seq
@@ -83,7 +83,7 @@ async fn index_per_engine_equals_each_ranks_cache() {
     assert_eq!(l.ranks.len(), DP);
     let index = Arc::new(MemoryIndex::new());
     let config = Config { workers: vec![worker_config(&l)], ..Config::default() };
-    let state = kvroute_state::app::start(config, index.clone()).expect("valid config");
+    let state = kvroute_state::app::App::start(config, kvroute_state::store::memory::MemoryStore::store(index.clone())).expect("valid config");
     let client = reqwest::Client::new();
 
     // Different conversations per rank, sharing prefixes within a rank.
@@ -119,5 +119,5 @@ async fn index_per_engine_equals_each_ranks_cache() {
     }
     assert!(truth[0].iter().all(|h| !truth[1].contains(h)), "the ranks' caches are separate");
     drop(w);
-    assert!(state.remove_worker("w0"));
+    assert!(state.membership.remove_worker("w0"));
 }

@@ -43,8 +43,8 @@ async fn unhealthy_after_failed_scrapes_and_back_after_recovery() {
     let failing = Arc::new(AtomicBool::new(false));
     let url = metrics_server(failing.clone()).await;
     let (state, _) = common::state(&[]);
-    let worker = state.add_worker(WorkerConfig { metrics_url: Some(url), ..WorkerConfig::new("w", "m") }).unwrap();
-    let scraper = state.scraper().clone();
+    let worker = state.membership.add_worker(&WorkerConfig { metrics_url: Some(url), ..WorkerConfig::new("w", "m") }).unwrap();
+    let scraper = state.membership.scraper().clone();
     let target = worker.scrape_target().expect("a metrics URL");
 
     assert_eq!(scraper.scrape(&target).await, HealthChange::None);
@@ -61,11 +61,11 @@ async fn unhealthy_after_failed_scrapes_and_back_after_recovery() {
     assert_eq!(scraper.scrape(&target).await, HealthChange::BecameUnhealthy);
     assert!(!worker.load.lock().healthy);
     assert!(worker.load.lock().last_error.as_deref().is_some_and(|e| e.contains("500")));
-    assert!(!state.ready(), "the only worker is out of the pool");
+    assert!(!state.fleet.ready(), "the only worker is out of the pool");
 
     failing.store(false, Ordering::SeqCst);
     assert_eq!(scraper.scrape(&target).await, HealthChange::Recovered);
-    assert!(worker.load.lock().healthy && state.ready());
+    assert!(worker.load.lock().healthy && state.fleet.ready());
 }
 
 #[tokio::test]
@@ -74,12 +74,12 @@ async fn unreachable_worker_goes_unhealthy() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (state, _) = common::state(&[]);
     let url = format!("http://127.0.0.1:{port}/metrics");
-    let worker = state.add_worker(WorkerConfig { metrics_url: Some(url), ..WorkerConfig::new("w", "m") }).unwrap();
+    let worker = state.membership.add_worker(&WorkerConfig { metrics_url: Some(url), ..WorkerConfig::new("w", "m") }).unwrap();
     let target = worker.scrape_target().expect("a metrics URL");
     for _ in 0..3 {
-        state.scraper().scrape(&target).await;
+        state.membership.scraper().scrape(&target).await;
     }
     assert!(!worker.load.lock().healthy);
-    let resp = kvroute_state::pick::pick(&state, &kvroute_core::wire::PickRequest { model: "m".into(), ..Default::default() });
+    let resp = state.picker.pick(&kvroute_core::wire::PickRequest { model: "m".into(), ..Default::default() }, kvroute_state::pick::Deadline::default()).await;
     assert_eq!(resp.degraded_reason().label(), "no_healthy_worker");
 }

@@ -6,13 +6,14 @@ mod common;
 use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_core::wire::PickRequest;
 use kvroute_state::config::WorkerConfig;
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::KvIndex;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::KvIndex;
 use kvroute_state::load::VllmLoad;
-use kvroute_state::pick::pick;
-use kvroute_state::score::Policy;
-use kvroute_state::state::AppState;
-use kvroute_state::types::{EngineHash, EngineSlot, KvEvent, Tier};
+use kvroute_core::wire::PickResponse;
+use kvroute_state::pick::Deadline;
+use kvroute_score::Policy;
+use kvroute_state::app::App;
+use kvroute_kv::types::{EngineHash, EngineSlot, KvEvent, Tier};
 use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
@@ -25,11 +26,11 @@ fn tokens(r: Range<u32>) -> Vec<u32> {
 }
 
 /// The state on a real index with `workers` (engine slots 0, 1, ... in order).
-fn state(workers: Vec<WorkerConfig>) -> (AppState, Arc<MemoryIndex>) {
+fn state(workers: Vec<WorkerConfig>) -> (App, Arc<MemoryIndex>) {
     let index = Arc::new(MemoryIndex::new());
     let mut config = common::config(&[]);
     config.workers = workers;
-    (AppState::new(config, index.clone()).expect("valid config"), index)
+    (App::new(config, index.clone()).expect("valid config"), index)
 }
 
 fn worker(id: &str) -> WorkerConfig {
@@ -69,7 +70,20 @@ fn req(model: &str, tokens: &[u32]) -> PickRequest {
     }
 }
 
-fn set_load(state: &AppState, id: &str, running: u32, waiting: u32) {
+async fn pick(state: &App, req: &PickRequest) -> PickResponse {
+    state.picker.pick(req, Deadline::default()).await
+}
+
+/// The workers of `n` picks of `req`, in order.
+async fn picks(state: &App, req: &PickRequest, n: usize) -> Vec<String> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(pick(state, req).await.worker_id);
+    }
+    out
+}
+
+fn set_load(state: &App, id: &str, running: u32, waiting: u32) {
     let worker = state.fleet.worker(id).unwrap();
     worker.load.lock().record_ok(VllmLoad { running, waiting, ..VllmLoad::default() }, Instant::now());
 }
@@ -81,15 +95,15 @@ async fn cached_worker_wins_on_equal_queues_idle_worker_wins_behind_a_long_queue
     store(&index, 0, &prompt[..3200], None);
     set_load(&state, "a", 4, 2);
     set_load(&state, "b", 4, 2);
-    let warm = pick(&state, &req("m", &prompt));
+    let warm = pick(&state, &req("m", &prompt)).await;
     assert_eq!((warm.worker_id.as_str(), warm.matched_blocks, warm.total_blocks), ("a", 200, 250));
-    state.reset();
+    state.picker.reset();
     // 60 waiting requests of ~512 tokens ahead on a: ~30k tokens of waiting against the
     // 3200 saved, more than the placement cost charges b's extra prefill to the queue there
     // (3200 tokens beyond a's 800, x 2 waiting x weight 2) and beyond the affinity tolerance.
     // (At 40 waiting, ~21k tokens, the cached worker still keeps the prompt.)
     set_load(&state, "a", 8, 60);
-    let cold = pick(&state, &req("m", &prompt));
+    let cold = pick(&state, &req("m", &prompt)).await;
     assert_eq!((cold.worker_id.as_str(), cold.matched_blocks), ("b", 0));
 }
 
@@ -99,38 +113,38 @@ async fn baselines_ignore_the_index() {
     let prompt = tokens(0..64);
     store(&index, 2, &prompt, None);
 
-    state.set_policy(Policy::RoundRobin);
-    let order: Vec<String> = (0..6).map(|_| pick(&state, &req("m", &prompt)).worker_id).collect();
+    state.picker.set_policy(Policy::RoundRobin);
+    let order = picks(&state, &req("m", &prompt), 6).await;
     assert_eq!(order, ["a", "b", "c", "a", "b", "c"]);
 
-    state.reset();
-    state.set_policy(Policy::LeastLoaded);
+    state.picker.reset();
+    state.picker.set_policy(Policy::LeastLoaded);
     set_load(&state, "a", 5, 0);
     set_load(&state, "c", 9, 9);
-    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+    assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "b");
 
-    state.reset();
-    state.set_policy(Policy::Random);
-    let seen: BTreeSet<String> = (0..60).map(|_| pick(&state, &req("m", &prompt)).worker_id).collect();
+    state.picker.reset();
+    state.picker.set_policy(Policy::Random);
+    let seen: BTreeSet<String> = picks(&state, &req("m", &prompt), 60).await.into_iter().collect();
     assert_eq!(seen.len(), 3);
 
     // SGLang: the first pick of a prefix goes to the least loaded by its own count (all idle:
     // the first, a), not to c which holds it per the KV index; the next ones follow its tree.
-    state.reset();
-    state.set_policy(Policy::SglangCacheAware);
-    let first = pick(&state, &req("m", &prompt));
+    state.picker.reset();
+    state.picker.set_policy(Policy::SglangCacheAware);
+    let first = pick(&state, &req("m", &prompt)).await;
     assert_eq!((first.worker_id.as_str(), first.matched_blocks), ("a", 0), "matched_blocks is what a holds per the index");
     for _ in 0..3 {
-        assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "a");
+        assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "a");
     }
 
     // kvroute reads the index: c holds all of it (and is as idle as the others now).
-    state.reset();
-    state.set_policy(Policy::Kvroute);
+    state.picker.reset();
+    state.picker.set_policy(Policy::Kvroute);
     for id in ["a", "b", "c"] {
         set_load(&state, id, 0, 0);
     }
-    let exact = pick(&state, &req("m", &prompt));
+    let exact = pick(&state, &req("m", &prompt)).await;
     assert_eq!((exact.worker_id.as_str(), exact.matched_blocks), ("c", 4));
 }
 
@@ -145,15 +159,15 @@ async fn a_lora_request_matches_blocks_stored_with_its_lora_name() {
     store(&index, 1, &prompt, Some("sql-lora"));
     store(&index, 0, &prompt, None);
 
-    let lora = pick(&state, &req("sql-lora", &prompt));
+    let lora = pick(&state, &req("sql-lora", &prompt)).await;
     assert_eq!((lora.worker_id.as_str(), lora.matched_blocks, lora.total_blocks), ("ad", 20, 20), "{lora:?}");
-    let seen: BTreeSet<String> = (0..20).map(|_| pick(&state, &req("sql-lora", &tokens(5000..5100))).worker_id).collect();
+    let seen: BTreeSet<String> = picks(&state, &req("sql-lora", &tokens(5000..5100)), 20).await.into_iter().collect();
     assert!(!seen.contains("base"), "only adapter workers serve the adapter: {seen:?}");
 
     // The base model's blocks are not the adapter's, and the other way round.
-    let base = pick(&state, &req("m", &prompt));
+    let base = pick(&state, &req("m", &prompt)).await;
     assert_eq!((base.worker_id.as_str(), base.matched_blocks), ("base", 20));
-    let unknown = pick(&state, &req("other-lora", &prompt));
+    let unknown = pick(&state, &req("other-lora", &prompt)).await;
     assert_eq!(unknown.degraded_reason().label(), "unknown_model");
 }
 
@@ -173,11 +187,11 @@ async fn a_cpu_tier_hit_is_predicted_between_a_gpu_hit_and_a_recompute() {
     for id in ["gpu", "cpu", "none"] {
         set_load(&state, id, 0, 0);
     }
-    let first = pick(&state, &req("m", &prompt));
+    let first = pick(&state, &req("m", &prompt)).await;
     assert_eq!((first.worker_id.as_str(), first.matched_blocks), ("gpu", 400));
     // With the GPU worker gone, the CPU copy still beats recomputing.
-    state.remove_worker("gpu");
-    let second = pick(&state, &req("m", &prompt));
+    state.membership.remove_worker("gpu");
+    let second = pick(&state, &req("m", &prompt)).await;
     assert_eq!((second.worker_id.as_str(), second.matched_blocks), ("cpu", 400), "{second:?}");
     let (gpu_ms, cpu_ms) = (first.predicted_ttft_ms, second.predicted_ttft_ms);
     // Same 1600 tokens to prefill; the CPU hit adds 6400 tokens of reload at 0.01 ms.
@@ -185,12 +199,12 @@ async fn a_cpu_tier_hit_is_predicted_between_a_gpu_hit_and_a_recompute() {
 }
 
 /// Parks `n` assignments on `id` (router-counted load, as SGLang's router counts it).
-fn park(state: &AppState, id: &str, n: u64) {
+fn park(state: &App, id: &str, n: u64) {
     use kvroute_state::assign::{Assignment, AssignmentId};
     for i in 0..n {
         let assignment = Assignment {
             id: AssignmentId(0xABC0_0000 + i + n * 1000),
-            worker: kvroute_state::types::WorkerId::new(id),
+            worker: kvroute_kv::types::WorkerId::new(id),
             policy: Policy::SglangCacheAware,
             prompt_tokens: 16,
             uncached_tokens: 16,
@@ -201,51 +215,51 @@ fn park(state: &AppState, id: &str, n: u64) {
             predicted_cached_tokens: None,
             budget: None,
         };
-        state.apply(kvroute_state::fleet::FleetEvent::Assigned { assignment, credit: Arc::from([]) });
+        state.fleet.assign(&assignment, &Arc::from([]), Instant::now());
     }
 }
 
 #[tokio::test]
 async fn sglang_follows_its_tree_until_the_router_load_is_imbalanced() {
     let (state, _) = state(vec![worker("a"), worker("b")]);
-    state.set_policy(Policy::SglangCacheAware);
+    state.picker.set_policy(Policy::SglangCacheAware);
     let prompt = tokens(0..320);
     // Nothing learned: least router load, first on ties.
-    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "a");
+    assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "a");
     // Learned: the whole prompt matches a (rate 1 > 0.3), even once a is busier.
     park(&state, "a", 30);
-    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "a");
+    assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "a");
     // 70 more on a than on b (> 64, and > 1.5x): imbalanced, shortest queue.
     park(&state, "a", 40);
-    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+    assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "b");
 }
 
 #[tokio::test]
 async fn llmd_weighs_its_prefix_memory_against_queue_and_kv_usage() {
     let (state, _) = state(vec![worker("a"), worker("b")]);
-    state.set_policy(Policy::LlmdDefault);
+    state.picker.set_policy(Policy::LlmdDefault);
     let prompt = tokens(0..320);
-    let first = pick(&state, &req("m", &prompt)).worker_id;
+    let first = pick(&state, &req("m", &prompt)).await.worker_id;
     // Prefix 3 + queue 2 + kv 2 beats 2 + 2.
     for _ in 0..3 {
-        assert_eq!(pick(&state, &req("m", &prompt)).worker_id, first);
+        assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, first);
     }
     // A long queue and a full cache there: 3 + 0 + 0.2 loses to the other's 2 + 2.
     let worker = state.fleet.worker(&first).unwrap();
     worker.load.lock().record_ok(VllmLoad { waiting: 10, kv_usage: 0.9, ..VllmLoad::default() }, Instant::now());
-    assert_ne!(pick(&state, &req("m", &prompt)).worker_id, first);
+    assert_ne!(pick(&state, &req("m", &prompt)).await.worker_id, first);
 }
 
 #[tokio::test]
 async fn dynamo_reads_the_kv_index_and_the_in_flight_prefill() {
     let (state, index) = state(vec![worker("a"), worker("b")]);
-    state.set_policy(Policy::DynamoKv);
+    state.picker.set_policy(Policy::DynamoKv);
     let prompt = tokens(0..3200);
     store(&index, 1, &prompt, None);
     // b holds all 200 blocks: prefill 0 + decode 0 vs a: 200 + 200.
-    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+    assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "b");
     // Its tokens were all cached: no prefill in flight on b, and b again.
-    assert_eq!(pick(&state, &req("m", &prompt)).worker_id, "b");
+    assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "b");
     // A cold prompt goes where fewer blocks are active (b's two requests hold 200).
-    assert_eq!(pick(&state, &req("m", &tokens(9000..9320))).worker_id, "a");
+    assert_eq!(pick(&state, &req("m", &tokens(9000..9320))).await.worker_id, "a");
 }

@@ -9,7 +9,6 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use common::{state, TOKEN};
 use kvroute_core::wire::{DegradedReason, LocateRequest, PickRequest, PickResponse, Report, ReportBatch, ReportKind};
-use kvroute_state::api::app;
 use prost::Message;
 use tower::ServiceExt;
 
@@ -48,7 +47,7 @@ async fn report(app: &Router, reports: Vec<Report>) {
 #[tokio::test]
 async fn follow_ups_and_locates_go_to_the_worker_that_stored_the_response() {
     let (state, index) = state(&["a", "b"]);
-    let app = app(state.clone());
+    let app = state.router();
     let first = pick(&app, "", &[1, 2, 3]).await;
     let owner = first.worker_id.clone();
     let other = if owner == "a" { "b" } else { "a" };
@@ -65,7 +64,7 @@ async fn follow_ups_and_locates_go_to_the_worker_that_stored_the_response() {
     .await;
     // The other worker holds the follow-up's blocks: a free pick of them goes there.
     let held: Vec<u64> = (500..756).collect();
-    index.hold(kvroute_state::types::EngineSlot(if other == "a" { 0 } else { 1 }), &held);
+    index.hold(kvroute_kv::types::EngineSlot(if other == "a" { 0 } else { 1 }), &held);
     let free = pick(&app, "", &held).await;
     assert_eq!(free.worker_id, other);
     let follow = pick(&app, "resp_abc", &held[..2]).await;

@@ -12,10 +12,9 @@ use axum::Router;
 use common::{config, TestIndex};
 use kvroute_core::request::Api;
 use kvroute_core::wire::{PickRequest, PickResponse, TokenizationPath};
-use kvroute_state::api::app;
 use kvroute_state::config::{Config, ModelConfig};
-use kvroute_state::state::AppState;
-use kvroute_state::types::EngineSlot;
+use kvroute_state::app::App;
+use kvroute_kv::types::EngineSlot;
 use kvroute_tokenize::ModelTokenizer;
 use parking_lot::Mutex;
 use prost::Message;
@@ -53,9 +52,9 @@ fn build(mut config: Config, tokenizer_dir: PathBuf) -> (Router, Arc<TestIndex>)
     config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir: Some(tokenizer_dir) });
     config.tokenization.deadline_ms = 10_000;
     let index = Arc::new(TestIndex::default());
-    let state = AppState::new(config, index.clone()).expect("valid config");
+    let state = App::new(config, index.clone()).expect("valid config");
     state.tokenization.local.load("m");
-    (app(state), index)
+    (state.router(), index)
 }
 
 async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {

@@ -8,11 +8,10 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use common::TOKEN;
 use kvroute_core::wire::{BudgetLimit, PickRequest, PickResponse, Report, ReportBatch, ReportKind};
-use kvroute_state::api::app;
 use kvroute_state::config::Config;
-use kvroute_state::state::AppState;
+use kvroute_state::app::App;
 use kvroute_state::tenancy::{Budget, Limits};
-use kvroute_state::types::EngineSlot;
+use kvroute_kv::types::EngineSlot;
 use prost::Message;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -35,8 +34,8 @@ fn tokens(n: u64) -> Budget {
 
 fn build(config: Config) -> (Router, Arc<common::TestIndex>) {
     let index = Arc::new(common::TestIndex::default());
-    let state = AppState::new(config, index.clone()).expect("valid state");
-    (app(state), index)
+    let state = App::new(config, index.clone()).expect("valid state");
+    (state.router(), index)
 }
 
 async fn send(app: &Router, req: axum::http::request::Builder, body: Body) -> (StatusCode, Vec<u8>) {

@@ -1,5 +1,5 @@
 //! The layering rule, enforced: inside every crate, the top-level modules import each other
-//! along a DAG (data flows one way; state-service/README.md has the map). A module is a
+//! along a DAG (data flows one way), and state-service/README.md's module map is that DAG. A module is a
 //! top-level `src/NAME.rs` and everything under `src/NAME/`; an edge `a -> b` is any
 //! `crate::b` path in `a`'s code (comments and strings aside). A cycle fails the test with
 //! the modules on it.
@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-const CRATES: [&str; 7] = ["core", "filter", "state-service", "sim", "tokenize", "bench", "tests"];
+const CRATES: [&str; 9] = ["core", "kv", "score", "filter", "state-service", "sim", "tokenize", "bench", "tests"];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -159,6 +159,62 @@ fn top_level_modules_of_every_crate_form_a_dag() {
         }
     }
     assert!(cycles.is_empty(), "import cycles between top-level modules:\n{}", cycles.join("\n"));
+}
+
+/// The module names of the first table under `## Module map` in `readme`, in row order.
+fn module_map(readme: &str) -> Vec<String> {
+    let section = readme.split("## Module map").nth(1).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section
+        .lines()
+        .skip_while(|l| !l.starts_with("| module"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.split('|').nth(1))
+        .map(|cell| cell.trim().trim_matches('`').to_string())
+        .collect()
+}
+
+/// What is wrong with a module map against the code's graph: a module missing from it, one
+/// listed that does not exist or twice, and a row importing a row below it.
+fn map_errors(rows: &[String], g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut errors = Vec::new();
+    let listed: BTreeSet<&String> = rows.iter().collect();
+    if listed.len() != rows.len() {
+        errors.push("a module is listed twice".to_string());
+    }
+    errors.extend(g.keys().filter(|m| !listed.contains(m)).map(|m| format!("`{m}` is not in the map")));
+    errors.extend(rows.iter().filter(|m| !g.contains_key(*m)).map(|m| format!("`{m}` is in the map but not in the code")));
+    for (i, m) in rows.iter().enumerate() {
+        for imported in g.get(m).into_iter().flatten() {
+            if rows[..i].iter().all(|above| above != imported) {
+                errors.push(format!("`{m}` imports `{imported}`, which is not above it"));
+            }
+        }
+    }
+    errors
+}
+
+#[test]
+fn the_state_service_module_map_is_the_code() {
+    let readme = fs::read_to_string(repo().join("state-service/README.md")).expect("state-service/README.md");
+    let rows = module_map(&readme);
+    assert!(!rows.is_empty(), "no module map table in state-service/README.md");
+    let errors = map_errors(&rows, &graph(&repo().join("state-service/src")));
+    assert!(errors.is_empty(), "state-service/README.md's module map is out of date:\n{}", errors.join("\n"));
+}
+
+#[test]
+fn the_map_checker_sees_missing_extra_and_upward_rows() {
+    let g: BTreeMap<String, BTreeSet<String>> =
+        [("a", vec![]), ("b", vec!["a"]), ("c", vec!["b"])].into_iter().map(|(k, v)| (k.into(), v.into_iter().map(String::from).collect())).collect();
+    let rows = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(map_errors(&rows(&["a", "b", "c"]), &g).is_empty());
+    assert_eq!(map_errors(&rows(&["b", "a", "c"]), &g), ["`b` imports `a`, which is not above it"]);
+    assert_eq!(map_errors(&rows(&["a", "b"]), &g), ["`c` is not in the map"]);
+    assert_eq!(map_errors(&rows(&["a", "b", "c", "d"]), &g), ["`d` is in the map but not in the code"]);
+    let readme = "x\n## Module map\n\ntext\n\n| module | what |\n|---|---|\n| `a` | A |\n| `b` | B |\n\nmore\n## Next\n| `z` | |";
+    assert_eq!(module_map(readme), ["a", "b"]);
 }
 
 #[test]

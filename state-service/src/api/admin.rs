@@ -2,10 +2,12 @@
 
 use super::ApiError;
 use crate::config::WorkerConfig;
-use crate::fleet::{AddWorkerError, RegistryError};
-use crate::score::Policy;
-use crate::state::AppState;
-use crate::store::ShareError;
+use crate::fleet::Fleet;
+use crate::membership::{Membership, RegisterError};
+use crate::pick::Picker;
+use crate::tenancy::Tenants;
+use kvroute_score::Policy;
+use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -18,33 +20,16 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON {what}: {e}")))
 }
 
-pub async fn add_worker(State(state): State<AppState>, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn add_worker(State(membership): State<Arc<Membership>>, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
     let worker: WorkerConfig = json_body(&body, "worker")?;
-    if state.fleet.worker(&worker.id).is_some() {
-        return Err(ApiError::Conflict(RegistryError::Duplicate(worker.id).to_string()));
-    }
-    state.config.validate_worker(&worker).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    // Shared first (with Redis: stored for every replica), then registered here.
-    let id = worker.id.clone();
-    state.store.share_worker(&worker).await.map_err(|e| match e {
-        ShareError::Exists(_) => ApiError::Conflict(e.to_string()),
-        ShareError::Unavailable(_) => ApiError::Unavailable(format!("worker not registered: {e}")),
-    })?;
-    match state.add_worker(worker) {
+    match membership.add_shared(worker).await {
         Ok(entry) => Ok((
             StatusCode::CREATED,
             Json(json!({ "id": entry.id.as_str(), "engines": entry.engines.len(), "block_size": entry.block_size })),
         )),
-        // Registered meanwhile (a shared registration of the same id arrived): keep it.
-        Err(AddWorkerError::Registry(e @ RegistryError::Duplicate(_))) => Err(ApiError::Conflict(e.to_string())),
-        Err(e) => {
-            // Rejected here (e.g. a block size its model's workers do not use): take the shared
-            // registration back so no replica adopts a worker this one refused.
-            if let Err(undo) = state.store.unshare_worker(&id).await {
-                tracing::warn!(worker = %id, error = %undo, "rejected worker could not be unshared");
-            }
-            Err(ApiError::BadRequest(e.to_string()))
-        }
+        Err(e @ RegisterError::Exists(_)) => Err(ApiError::Conflict(e.to_string())),
+        Err(e @ RegisterError::Unavailable(_)) => Err(ApiError::Unavailable(e.to_string())),
+        Err(e @ RegisterError::Invalid(_)) => Err(ApiError::BadRequest(e.to_string())),
     }
 }
 
@@ -59,26 +44,27 @@ pub struct RemoveQuery {
 /// 202 with their count), at once when nothing runs there or with `?force=true` (204). A
 /// shared worker leaves every replica; a config worker only this one.
 pub async fn remove_worker(
-    State(state): State<AppState>,
+    State(fleet): State<Arc<Fleet>>,
+    State(membership): State<Arc<Membership>>,
     Path(id): Path<String>,
     query: Query<RemoveQuery>,
 ) -> Result<Response, ApiError> {
-    let Some(entry) = state.fleet.worker(&id) else { return Err(ApiError::NotFound(format!("no worker {id:?}"))) };
-    if query.force || state.fleet.in_flight(&entry.id) == 0 {
-        state.retire(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
+    let Some(entry) = fleet.worker(&id) else { return Err(ApiError::NotFound(format!("no worker {id:?}"))) };
+    if query.force || fleet.in_flight(&entry.id) == 0 {
+        membership.retire(&id).await.map_err(|e| ApiError::Unavailable(format!("worker not removed: {e}")))?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    drain_answer(&state, &id).map(IntoResponse::into_response)
+    drain_answer(&membership, &id).map(IntoResponse::into_response)
 }
 
 /// `POST /admin/workers/{id}/drain`: no new picks to the worker on any replica; it is removed
 /// once its in-flight requests end (`resilience.drain_timeout_ms` at most).
-pub async fn drain_worker(State(state): State<AppState>, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
-    drain_answer(&state, &id)
+pub async fn drain_worker(State(membership): State<Arc<Membership>>, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    drain_answer(&membership, &id)
 }
 
-fn drain_answer(state: &AppState, id: &str) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let in_flight = state.drain(id).ok_or_else(|| ApiError::NotFound(format!("no worker {id:?}")))?;
+fn drain_answer(membership: &Arc<Membership>, id: &str) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let in_flight = membership.drain(id).ok_or_else(|| ApiError::NotFound(format!("no worker {id:?}")))?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "draining": true, "in_flight": in_flight }))))
 }
 
@@ -87,16 +73,16 @@ struct PolicyBody {
     policy: String,
 }
 
-pub async fn set_policy(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub async fn set_policy(State(picker): State<Arc<Picker>>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let body: PolicyBody = json_body(&body, "policy body")?;
-    let policy: Policy = body.policy.parse().map_err(|e: crate::score::UnknownPolicy| ApiError::BadRequest(e.to_string()))?;
-    let previous = state.set_policy(policy);
+    let policy: Policy = body.policy.parse().map_err(|e: kvroute_score::UnknownPolicy| ApiError::BadRequest(e.to_string()))?;
+    let previous = picker.set_policy(policy);
     tracing::info!(%policy, %previous, "policy switched");
     Ok(Json(json!({ "policy": policy, "previous": previous })))
 }
 
-pub async fn reset(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
-    state.reset();
+pub async fn reset(State(picker): State<Arc<Picker>>) -> Result<StatusCode, ApiError> {
+    picker.reset();
     tracing::info!("learned state reset");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -112,7 +98,7 @@ pub struct BudgetScope {
 /// at once, for every replica sharing the ledger. A per-model budget applies only to a model
 /// the tenant's configured budget lists.
 pub async fn set_budget(
-    State(state): State<AppState>,
+    State(tenants): State<Arc<Tenants>>,
     Path(tenant): Path<String>,
     Query(scope): Query<BudgetScope>,
     body: Bytes,
@@ -124,13 +110,13 @@ pub async fn set_budget(
     if [limits.tokens_per_minute, limits.requests_per_minute, limits.concurrent_requests].contains(&Some(0)) {
         return Err(ApiError::BadRequest("a limit of 0 admits nothing: omit it for unlimited".into()));
     }
-    state.tenants.set_limits(&tenant, scope.model.as_deref(), Some(limits)).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    tenants.set_limits(&tenant, scope.model.as_deref(), Some(limits)).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     tracing::info!(%tenant, model = ?scope.model, ?limits, "budget changed");
     Ok(Json(json!({ "tenant": tenant, "model": scope.model, "limits": limits })))
 }
 
 /// `DELETE /admin/tenants/{tenant}/budget[?model=M]`: back to the configured limits.
-pub async fn clear_budget(State(state): State<AppState>, Path(tenant): Path<String>, Query(scope): Query<BudgetScope>) -> Result<StatusCode, ApiError> {
-    state.tenants.set_limits(&tenant, scope.model.as_deref(), None).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+pub async fn clear_budget(State(tenants): State<Arc<Tenants>>, Path(tenant): Path<String>, Query(scope): Query<BudgetScope>) -> Result<StatusCode, ApiError> {
+    tenants.set_limits(&tenant, scope.model.as_deref(), None).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     Ok(StatusCode::NO_CONTENT)
 }

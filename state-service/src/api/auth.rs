@@ -1,8 +1,7 @@
 //! The two credentials: the proxy's API token on `/v1/*` and the operator's admin token on
 //! `/admin/*`, each checked once by a layer in front of its routes.
 
-use super::ApiError;
-use crate::state::AppState;
+use super::{ApiError, ApiState};
 use axum::extract::{Request, State};
 use axum::http::{header::AUTHORIZATION, HeaderMap};
 use axum::middleware::Next;
@@ -17,18 +16,20 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
 }
 
-fn check(expected: &str, headers: &HeaderMap, which: &'static str) -> Result<(), ApiError> {
+fn check(state: &ApiState, expected: &str, headers: &HeaderMap, which: &'static str) -> Result<(), ApiError> {
     match bearer(headers) {
         Some(given) if same(given.as_bytes(), expected.as_bytes()) => Ok(()),
-        _ => Err(ApiError::Unauthorized(which)),
+        _ => {
+            state.metrics.unauthorized.inc();
+            Err(ApiError::Unauthorized(which))
+        }
     }
 }
 
 /// `/v1/*`: the API token, when one is configured.
-pub async fn api(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn api(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     if let Some(token) = state.config.api_token.as_deref() {
-        if let Err(e) = check(token, request.headers(), "api_token") {
-            state.metrics.unauthorized.inc();
+        if let Err(e) = check(&state, token, request.headers(), "api_token") {
             return e.into_response();
         }
     }
@@ -36,10 +37,9 @@ pub async fn api(State(state): State<AppState>, request: Request, next: Next) ->
 }
 
 /// `/admin/*`: the admin token; without one configured the admin API is off (403).
-pub async fn admin(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn admin(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let Some(token) = state.config.admin_token.as_deref() else { return ApiError::AdminDisabled.into_response() };
-    if let Err(e) = check(token, request.headers(), "admin_token") {
-        state.metrics.unauthorized.inc();
+    if let Err(e) = check(&state, token, request.headers(), "admin_token") {
         return e.into_response();
     }
     next.run(request).await

@@ -1,7 +1,12 @@
 //! Read-only views: workers, assignments, health, readiness, metrics.
 
-use crate::fleet::{Engine, WorkerEntry};
-use crate::state::AppState;
+use crate::config::Config;
+use crate::fleet::{Engine, Fleet, WorkerEntry};
+use crate::metrics::Registry;
+use crate::pick::Picker;
+use crate::tenancy::Tenants;
+use crate::tokenization::Tokenization;
+use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{header::CONTENT_TYPE, StatusCode};
 use axum::response::IntoResponse;
@@ -23,11 +28,11 @@ struct EngineView {
     events: Option<Value>,
 }
 
-fn engine_view(state: &AppState, engine: &Engine, now_unix_ms: u64) -> EngineView {
+fn engine_view(fleet: &Fleet, staleness_ms: u64, engine: &Engine, now_unix_ms: u64) -> EngineView {
     let events = engine.feed.lock().as_ref().map(|feed| {
         let s = feed.snapshot();
         let since = s.last_event_unix_ms.map(|t| now_unix_ms.saturating_sub(t) as f64 / 1000.0);
-        let stale = since.is_none_or(|secs| secs * 1000.0 > state.config.timeouts.staleness_ms as f64);
+        let stale = since.is_none_or(|secs| secs * 1000.0 > staleness_ms as f64);
         json!({
             "last_seq": s.last_seq,
             "seconds_since_last_event": since,
@@ -40,14 +45,14 @@ fn engine_view(state: &AppState, engine: &Engine, now_unix_ms: u64) -> EngineVie
             "resets": s.resets,
         })
     });
-    EngineView { rank: engine.rank, slot: engine.slot.0, index_blocks: state.fleet.index().engine_blocks(engine.slot), events }
+    EngineView { rank: engine.rank, slot: engine.slot.0, index_blocks: fleet.index().engine_blocks(engine.slot), events }
 }
 
-fn worker_view(state: &AppState, w: &WorkerEntry, now_unix_ms: u64) -> Value {
+fn worker_view(fleet: &Fleet, staleness_ms: u64, w: &WorkerEntry, now_unix_ms: u64) -> Value {
     let load = w.load.lock().clone();
-    let pending = state.fleet.assignments().pending(&w.id);
+    let pending = fleet.assignments().pending(&w.id);
     let cal = *w.calibration.lock();
-    let engines: Vec<EngineView> = w.engines.iter().map(|e| engine_view(state, e, now_unix_ms)).collect();
+    let engines: Vec<EngineView> = w.engines.iter().map(|e| engine_view(fleet, staleness_ms, e, now_unix_ms)).collect();
     json!({
         "id": w.id.as_str(),
         "model": w.config.model,
@@ -74,21 +79,22 @@ fn worker_view(state: &AppState, w: &WorkerEntry, now_unix_ms: u64) -> Value {
     })
 }
 
-pub async fn workers(State(state): State<AppState>) -> Json<Value> {
-    state.sweep();
+pub async fn workers(State(fleet): State<Arc<Fleet>>, State(picker): State<Arc<Picker>>, State(config): State<Arc<Config>>) -> Json<Value> {
+    fleet.sweep(Instant::now());
     let now_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    let workers: Vec<Value> = state.fleet.workers().iter().map(|w| worker_view(&state, w, now_unix_ms)).collect();
+    let staleness_ms = config.timeouts.staleness_ms;
+    let workers: Vec<Value> = fleet.workers().iter().map(|w| worker_view(&fleet, staleness_ms, w, now_unix_ms)).collect();
     Json(json!({
-        "policy": state.policy(),
-        "assignments": state.fleet.assignments().len(),
+        "policy": picker.policy(),
+        "assignments": fleet.assignments().len(),
         "workers": workers,
     }))
 }
 
-pub async fn assignments(State(state): State<AppState>) -> Json<Value> {
-    state.sweep();
+pub async fn assignments(State(fleet): State<Arc<Fleet>>) -> Json<Value> {
     let now = Instant::now();
-    let table = state.fleet.assignments();
+    fleet.sweep(now);
+    let table = fleet.assignments();
     let list: Vec<Value> = table
         .iter()
         .take(LIST_LIMIT)
@@ -111,8 +117,8 @@ pub async fn assignments(State(state): State<AppState>) -> Json<Value> {
 /// Every tenant this replica knows (configured, overridden at runtime, or seen), each budget's
 /// limits, usage over the current minute and what remains. With Redis the usage is every
 /// replica's together.
-pub async fn tenants(State(state): State<AppState>) -> Result<Json<Value>, super::ApiError> {
-    let tenants = state.tenants.report().await.map_err(|e| super::ApiError::Unavailable(e.to_string()))?;
+pub async fn tenants(State(tenants): State<Arc<Tenants>>) -> Result<Json<Value>, super::ApiError> {
+    let tenants = tenants.report().await.map_err(|e| super::ApiError::Unavailable(e.to_string()))?;
     Ok(Json(json!({ "window_s": crate::tenancy::WINDOW_MS / 1000, "tenants": tenants })))
 }
 
@@ -120,18 +126,18 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-pub async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
-    if state.tokenization.loading() {
+pub async fn readyz(State(fleet): State<Arc<Fleet>>, State(tokenization): State<Arc<Tokenization>>) -> (StatusCode, &'static str) {
+    if tokenization.loading() {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: loading tokenizers\n");
     }
-    if state.ready() {
+    if fleet.ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: no healthy worker\n")
     }
 }
 
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    state.sweep();
-    ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+pub async fn metrics(State(fleet): State<Arc<Fleet>>, State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+    fleet.sweep(Instant::now());
+    ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], registry.encode())
 }

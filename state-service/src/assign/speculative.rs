@@ -23,8 +23,8 @@
 //! record is a small inline array, never an allocation: at most [`HOLDERS`] workers per key;
 //! a key that already has that many keeps them and records no more until one expires.
 
-use crate::hasher::SeededState;
-use crate::types::{BlockKey, WorkerId, WorkerSlots};
+use kvroute_kv::hasher::SeededState;
+use kvroute_kv::types::{BlockKey, WorkerId, WorkerSlots};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;

@@ -8,8 +8,8 @@
 //! the pick itself (a frozen or overloaded service); the pick is then discarded.
 
 use super::{Assignment, AssignmentId, ReportOutcome};
-use crate::hasher::SeededState;
-use crate::types::WorkerId;
+use kvroute_kv::hasher::SeededState;
+use kvroute_kv::types::WorkerId;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -271,7 +271,7 @@ impl Assignments {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::score::{Features, Policy};
+    use kvroute_score::{Features, Policy};
 
     fn assignment(id: u64, worker: &str, uncached: u32, now: Instant) -> Assignment {
         Assignment {

@@ -1,7 +1,7 @@
 //! Command-line flags. Each flag also reads an environment variable, so a container can be
 //! configured without a shell.
 
-use crate::score::Policy;
+use kvroute_score::Policy;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! The config file's shape, with every default in one place.
 
-use crate::score::Policy;
+use kvroute_score::Policy;
 use super::store::{RedisConfig, StoreKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -68,7 +68,7 @@ pub struct Config {
     /// Tenants' budgets (see the README's "Tenants and budgets").
     pub tenancy: crate::tenancy::TenancyConfig,
     /// Which worker stores each Responses API response (see `responses.rs`).
-    pub responses: crate::responses::ResponsesConfig,
+    pub responses: crate::stored::ResponsesConfig,
 }
 
 impl Default for Config {
@@ -96,7 +96,7 @@ impl Default for Config {
             resilience: Resilience::default(),
             allowed_targets: Vec::new(),
             tenancy: crate::tenancy::TenancyConfig::default(),
-            responses: crate::responses::ResponsesConfig::default(),
+            responses: crate::stored::ResponsesConfig::default(),
         }
     }
 }

@@ -1,10 +1,10 @@
-//! The one way the fleet model changes, and what a change did.
+//! What changes the fleet: a change another replica made ([`FleetEvent`], in), what this
+//! replica changed and shares ([`Change`], out), and what each typed operation did.
 
-use super::{AddWorkerError, WorkerEntry};
 use crate::assign::{Assignment, AssignmentId};
 use crate::config::WorkerConfig;
-use crate::score::Calibration;
-use crate::types::{BlockKey, WorkerId};
+use kvroute_kv::types::{BlockKey, WorkerId};
+use kvroute_score::Calibration;
 use kvroute_core::wire::UpstreamFailure;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ pub struct Usage {
     pub cached_tokens: Option<u32>,
 }
 
-/// A change to the fleet, from a local pick, report or admin call, or from another replica.
+/// A change another replica made (or a warm start found), as the store delivers it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FleetEvent {
     /// A pick chose `assignment.worker`; `credit` are the keys it is credited with until its
@@ -39,26 +39,45 @@ pub enum FleetEvent {
     Draining(WorkerId),
 }
 
-/// What [`super::Fleet::apply`] did.
+/// What this replica changed, handed to [`super::Replication::publish`]: exactly what other
+/// replicas need to hear (workers are shared by the admin call itself, before it answers).
 #[derive(Debug)]
-pub enum Applied {
-    Assigned,
+pub enum Change<'a> {
+    Assigned { assignment: &'a Assignment, credit: &'a [BlockKey] },
+    /// `calibration`: the worker's refit, when the elapsed time was usable.
+    FirstToken { assignment: &'a Assignment, elapsed_ms: f64, calibration: Option<&'a Calibration> },
+    Freed { id: AssignmentId },
+    Suspected { worker: &'a WorkerId, reason: UpstreamFailure },
+    Draining { worker: &'a WorkerId },
+}
+
+/// What [`super::Fleet::assign`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Assigned {
+    Recorded,
+    /// The id is taken by a live assignment: nothing was recorded (draw another).
+    Taken,
+    /// The id was cancelled before it was recorded: nothing was.
+    Abandoned,
+}
+
+/// What [`super::Fleet::first_token`] did.
+// Returned once per report and consumed at once: boxing the assignment would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum FirstToken {
     /// A live assignment got its first token; `calibration` is the worker's refit, when the
     /// elapsed time was usable.
-    FirstToken { assignment: Assignment, calibration: Option<Calibration> },
-    Freed(Assignment),
-    WorkerAdded(Arc<WorkerEntry>),
-    WorkerRemoved(Arc<WorkerEntry>),
-    /// A restored calibration was installed.
-    Calibrated,
-    /// The worker was marked suspect or draining (it was not before).
-    Marked(Arc<WorkerEntry>),
-    /// Already applied (a repeated report, a replicated assignment known here).
+    Marked { assignment: Assignment, calibration: Option<Calibration> },
+    /// Its first token was reported before.
     Duplicate,
-    /// The pick's id was cancelled before it was recorded: nothing was.
-    Abandoned,
-    /// Nothing to apply it to: an unknown or already-freed assignment, an unknown worker.
+    /// No live assignment by that id (already freed, expired, or never ours).
     Unknown,
-    /// The worker was not registered.
-    Rejected(AddWorkerError),
+}
+
+/// How an assignment ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Completed,
+    Cancelled,
 }

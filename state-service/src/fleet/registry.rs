@@ -9,8 +9,8 @@
 use super::feed::FeedStats;
 use crate::config::WorkerConfig;
 use crate::load::{Check, LoadState, ScrapeTarget};
-use crate::score::Calibration;
-use crate::types::{EngineSlot, WorkerId};
+use kvroute_score::Calibration;
+use kvroute_kv::types::{EngineSlot, WorkerId};
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::BTreeMap;

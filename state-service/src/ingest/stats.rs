@@ -4,7 +4,7 @@
 //! so tests (and a readiness check) can wait for progress without sleeping: the ingest thread
 //! bumps a generation after every message it handled, and waiters re-check their condition.
 
-use crate::index::ApplyStats;
+use kvroute_kv::index::ApplyStats;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

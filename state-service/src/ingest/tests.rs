@@ -2,7 +2,7 @@
 //! arrive before it publishes: no slow-joiner sleeps) and a ROUTER serving replay on demand.
 
 use super::*;
-use crate::index::memory::MemoryIndex;
+use kvroute_kv::index::memory::MemoryIndex;
 use rmpv::Value;
 use std::time::Duration;
 

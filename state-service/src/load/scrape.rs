@@ -5,7 +5,7 @@
 use super::parse::{parse_vllm, VllmLoad};
 use super::HealthChange;
 use super::LoadState;
-use crate::types::WorkerId;
+use kvroute_kv::types::WorkerId;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;

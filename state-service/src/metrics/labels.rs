@@ -1,7 +1,7 @@
 //! Label sets. Every label with a fixed set of values is an enum, so a typo cannot create a
 //! new series.
 
-use crate::score::Policy;
+use kvroute_score::Policy;
 use kvroute_core::wire::{DegradedReason, TokenizationPath, UpstreamFailure};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::fmt::Write;
@@ -141,15 +141,19 @@ label_enum!(
     }
 );
 
-impl EncodeLabelValue for Policy {
+/// The `policy` label, spelled by [`Policy::as_str`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PolicyLabel(pub Policy);
+
+impl EncodeLabelValue for PolicyLabel {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
+        encoder.write_str(self.0.as_str())
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct PickLabels {
-    pub policy: Policy,
+    pub policy: PolicyLabel,
     pub outcome: PickOutcome,
 }
 

@@ -1,8 +1,12 @@
-//! A request naming a stored Responses API response: where that response lives
-//! ([`crate::responses`] keeps the map; this waits for it and asks the store).
+//! Stage 2: which workers may take the request. A request continuing a stored Responses API
+//! conversation (`previous_response_id`) goes to the worker that stored it, which alone holds
+//! that conversation; every other request may go to any healthy worker of its model.
+//! ([`crate::stored`] keeps the owner map; this waits for an owner and asks the store.)
 
-use crate::responses::Owner;
-use crate::state::AppState;
+use super::Picker;
+use crate::fleet::ModelView;
+use crate::stored::Owner;
+use kvroute_core::wire::PickRequest;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -10,29 +14,58 @@ use tokio::time::Instant;
 /// have got the report).
 const STORE_POLL: Duration = Duration::from_millis(20);
 
-/// The owner of `id`: this replica's map, else the store (each read bounded by
-/// `store_timeout_ms`), remembered here once found; an id nobody knows yet is waited for up to
-/// `unknown_wait_ms` (its report may be on its way). Counts an unknown id under `path`.
-pub async fn owner(state: &AppState, id: &str, path: &'static str) -> Option<Owner> {
-    let owners = &state.owners;
-    let deadline = Instant::now() + Duration::from_millis(owners.config().unknown_wait_ms);
-    let read = Duration::from_millis(owners.config().store_timeout_ms);
-    loop {
-        // Registered before the check, so a learn in between still wakes this wait.
-        let learned = owners.learned();
-        let now = Instant::now();
-        if let Some(o) = owners.get(id, now) {
-            return Some(o);
-        }
-        if let Some(o) = tokio::time::timeout(read, state.store.find_response(id)).await.ok().flatten() {
-            owners.learn(id, o.clone(), now);
-            return Some(o);
-        }
-        if Instant::now() >= deadline {
-            state.metrics.count_affinity(path, "unknown");
-            return None;
-        }
-        let _ = tokio::time::timeout_at(deadline.min(Instant::now() + STORE_POLL), learned).await;
-    }
+/// Where a request may go.
+pub(super) enum Target {
+    /// These workers; `continued`: tokens of the stored conversation the prompt continues,
+    /// held by the one worker of `view`.
+    Workers { view: ModelView, continued: u32 },
+    /// The stored conversation it continues lives on a worker that is gone.
+    Gone,
 }
 
+impl Picker {
+    pub(super) async fn target(&self, req: &PickRequest) -> Target {
+        if req.previous_response_id.is_empty() {
+            return Target::Workers { view: self.fleet.model_view(&req.model), continued: 0 };
+        }
+        match self.owner(&req.previous_response_id, "pick").await {
+            // Nobody stored it (or it expired): any worker answers vLLM's own 404.
+            None => Target::Workers { view: self.fleet.model_view(&req.model), continued: 0 },
+            Some(owner) => {
+                let view = self.fleet.pinned_view(&req.model, &owner.worker);
+                if view.workers.is_empty() {
+                    self.metrics.count_affinity("pick", "gone");
+                    return Target::Gone;
+                }
+                self.metrics.count_affinity("pick", "routed");
+                Target::Workers { view, continued: owner.tokens }
+            }
+        }
+    }
+
+    /// The owner of `id`: this replica's map, else the store (each read bounded by
+    /// `store_timeout_ms`), remembered here once found; an id nobody knows yet is waited for up
+    /// to `unknown_wait_ms` (its report may be on its way). Counts an unknown id under `path`.
+    pub(super) async fn owner(&self, id: &str, path: &'static str) -> Option<Owner> {
+        let owners = &self.owners;
+        let deadline = Instant::now() + Duration::from_millis(owners.config().unknown_wait_ms);
+        let read = Duration::from_millis(owners.config().store_timeout_ms);
+        loop {
+            // Registered before the check, so a learn in between still wakes this wait.
+            let learned = owners.learned();
+            let now = Instant::now();
+            if let Some(o) = owners.get(id, now) {
+                return Some(o);
+            }
+            if let Some(o) = tokio::time::timeout(read, self.responses.find_response(id)).await.ok().flatten() {
+                owners.learn(id, o.clone(), now);
+                return Some(o);
+            }
+            if Instant::now() >= deadline {
+                self.metrics.count_affinity(path, "unknown");
+                return None;
+            }
+            let _ = tokio::time::timeout_at(deadline.min(Instant::now() + STORE_POLL), learned).await;
+        }
+    }
+}

@@ -1,10 +1,58 @@
-//! What a pick request tells us about its prompt: which keys to match, how many tokens, and
-//! whether that is exact or approximate.
+//! Stage 1: the prompt as keys. Which keys to match, how many tokens, and whether that is
+//! exact or approximate.
+//!
+//! Token-id prompts come with exact keys from the filter. Text and chat prompts are turned into
+//! token ids here (see [`crate::tokenization`]) so kvroute matches their blocks exactly, for
+//! kvroute and dynamo_kv (whose frontend tokenizes); the other baselines either ignore keys or,
+//! like SGLang's and llm-d's approximate routers, match request text. Tokenizing needs only
+//! the model's static facts (its base model's tokenizer, block size, a worker to ask); the
+//! decision's snapshot of load and health is taken after it, so a slow tokenization never
+//! decides on load that is milliseconds old.
 
-use kvroute_core::wire::DegradedReason;
-use crate::types::BlockKey;
+use super::Picker;
+use crate::metrics::TokenizeFailure;
+use crate::tokenization::wants_tokens;
+use kvroute_core::keys::{token_block_keys, KeyRoot};
+use kvroute_core::wire::{DegradedReason, PickRequest, TokenizationPath};
+use kvroute_kv::types::BlockKey;
+use kvroute_score::Policy;
 use std::sync::Arc;
-use kvroute_core::wire::{PickRequest, TokenizationPath};
+use std::time::Instant;
+
+impl Picker {
+    /// The prompt's exact keys when tokenizing makes them exact (within `until`), else `None`:
+    /// [`PromptView::new`] then reads the keys the filter sent.
+    pub(super) async fn prompt(&self, policy: Policy, req: &PickRequest, until: Option<Instant>) -> Option<PromptView> {
+        // Dynamo tokenizes in its frontend: its KV router matches exact blocks too.
+        if !matches!(policy, Policy::Kvroute | Policy::DynamoKv) || !wants_tokens(req) {
+            return None;
+        }
+        let Some(until) = until else { return self.exact_prompt(req).await };
+        match tokio::time::timeout_at(until.into(), self.exact_prompt(req)).await {
+            Ok(prompt) => prompt,
+            Err(_) => {
+                self.tokenization.count_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Deadline);
+                None
+            }
+        }
+    }
+
+    async fn exact_prompt(&self, req: &PickRequest) -> Option<PromptView> {
+        let target = self.fleet.tokenize_target(&req.model)?;
+        let exact = self.tokenization.exact_ids(req, &target).await?;
+        // Rooted at the request's model: the adapter's name for a LoRA request, as vLLM roots it.
+        let root = KeyRoot::new(&req.model, &req.cache_salt);
+        let keys = token_block_keys(&root, &exact.ids, target.block_size as usize);
+        // Not one full block within the encoding budget (a first message longer than
+        // `max_encode_bytes` stops before its text): the filter's text-chunk keys still route it
+        // by what was learned, a degraded decision, where empty exact keys would route it on
+        // load alone and call that exact.
+        if keys.is_empty() && !req.text_chunk_keys.is_empty() {
+            return None;
+        }
+        Some(PromptView::from_ids(keys, exact.prompt_tokens as usize, target.block_size, exact.path))
+    }
+}
 
 /// A request's prompt as the scorer sees it.
 #[derive(Clone, Debug, PartialEq)]

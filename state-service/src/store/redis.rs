@@ -32,19 +32,20 @@ pub use ledger::RedisLedger;
 pub use mirror::{Mirror, MirrorKey, MirroredIndex};
 pub use stats::StoreStats;
 
-use super::{Inbound, RedisConfig, ShareError, SharedStore, StoreFuture};
+use super::{Inbound, RedisConfig, Replication, ResponseDirectory, ResponseFuture, ShareError, Store, StoreFuture, WarmStart, WorkerSharing};
 use crate::config::{Config, WorkerConfig};
-use crate::fleet::{Applied, FleetEvent, WorkerEntry};
+use crate::fleet::{Change, FleetEvent, WorkerEntry};
+use crate::stored::Owner;
 use crate::ingest::IngestStats;
-use crate::score::Calibration;
-use crate::types::WorkerId;
+use kvroute_score::Calibration;
+use kvroute_kv::types::WorkerId;
 use parking_lot::Mutex;
 use rand::Rng;
 use replicate::Op;
 use shards::{ShardId, Shards};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -64,7 +65,7 @@ pub enum StoreError {
 
 /// What a warm start found in Redis, consumed as engines and workers start.
 #[derive(Default)]
-struct WarmStart {
+struct Found {
     mirrors: HashMap<(String, u32), Mirror>,
     calibrations: HashMap<String, Calibration>,
     /// Workers registered at runtime on some replica, registered here on attach.
@@ -85,7 +86,7 @@ pub struct RedisStore {
     /// One write queue per shard (index = shard), drained by that shard's writer.
     queues: Vec<mpsc::Sender<(String, Op)>>,
     pending_rx: Mutex<Vec<mpsc::Receiver<(String, Op)>>>,
-    warm: Mutex<WarmStart>,
+    warm: Mutex<Found>,
     /// Ids of the workers registered at runtime (here or on another replica).
     shared: Mutex<HashSet<String>>,
     /// Ids of this replica's config workers: a shared worker of the same id never replaces one.
@@ -93,7 +94,6 @@ pub struct RedisStore {
     /// Other replicas' assignments adopted here, and when: a resync frees those its shard no
     /// longer holds (their `freed` event was lost while the shard was away).
     adopted: Mutex<HashMap<u64, tokio::time::Instant>>,
-    me: OnceLock<std::sync::Weak<RedisStore>>,
     salt: u64,
 }
 
@@ -130,20 +130,33 @@ impl RedisStore {
             first_token_ttl: Duration::from_millis(config.timeouts.first_token_ttl_ms),
             queues,
             pending_rx: Mutex::new(pending),
-            warm: Mutex::new(WarmStart::default()),
+            warm: Mutex::new(Found::default()),
             shared: Mutex::new(HashSet::new()),
             config_workers: config.workers.iter().map(|w| w.id.clone()).collect(),
             adopted: Mutex::new(HashMap::new()),
-            me: OnceLock::new(),
             config: rc,
         });
-        let _ = store.me.set(Arc::downgrade(&store));
         store.load_warm_start(config).await;
         Ok(store)
     }
 
+    /// The store bundle: every contract answered by this store, its mirrored index, its
+    /// ledger and its metrics.
+    pub fn store(self: &Arc<Self>) -> Store {
+        let handle = Arc::new(Handle(self.clone()));
+        Store {
+            index: self.index.clone(),
+            replication: handle.clone(),
+            warm_start: handle.clone(),
+            workers: handle.clone(),
+            responses: handle,
+            ledger: Some(self.ledger.clone()),
+            collector: Some(Box::new(stats::StoreCollector { store: Arc::downgrade(self) })),
+        }
+    }
+
     async fn load_warm_start(&self, config: &Config) {
-        let mut warm = WarmStart::default();
+        let mut warm = Found::default();
         for shard in self.shards.ids() {
             match self.load_workers(shard).await {
                 Ok(found) => warm.workers.extend(found.into_iter().filter(|w| !config.workers.iter().any(|c| c.id == w.id))),
@@ -177,8 +190,9 @@ impl RedisStore {
         *self.warm.lock() = warm;
     }
 
-    fn arc(&self) -> Option<Arc<RedisStore>> {
-        self.me.get().and_then(|w| w.upgrade())
+    /// A shard is down or its subscription silent: picks answer from local state, degraded.
+    pub fn degraded(&self) -> bool {
+        !self.shards.all_up() || !self.shards.all_subscribed()
     }
 
     fn response_key(&self, id: &str) -> String {
@@ -419,30 +433,73 @@ fn unavailable(shard: ShardId, e: StoreError) -> ShareError {
     ShareError::Unavailable(format!("redis shard {}: {e}", shard.0))
 }
 
-impl SharedStore for RedisStore {
+/// The contracts' handle: tasks and futures it starts hold the store itself.
+struct Handle(Arc<RedisStore>);
+
+impl Replication for Handle {
     fn attach(&self, inbound: Inbound) {
-        let Some(me) = self.arc() else { return };
-        let workers = std::mem::take(&mut self.warm.lock().workers);
+        let me = &self.0;
+        let workers = std::mem::take(&mut me.warm.lock().workers);
         for worker in workers {
-            self.adopt_worker(&inbound, worker);
+            me.adopt_worker(&inbound, worker);
         }
-        for (worker, calibration) in std::mem::take(&mut self.warm.lock().calibrations) {
+        for (worker, calibration) in std::mem::take(&mut me.warm.lock().calibrations) {
             let _ = inbound.send(FleetEvent::CalibrationRestored { worker: WorkerId::new(&worker), calibration });
         }
-        for (i, rx) in std::mem::take(&mut *self.pending_rx.lock()).into_iter().enumerate() {
+        for (i, rx) in std::mem::take(&mut *me.pending_rx.lock()).into_iter().enumerate() {
             tokio::spawn(replicate::writer(me.clone(), ShardId(i), rx));
         }
-        for shard in self.shards.ids() {
+        for shard in me.shards.ids() {
             tokio::spawn(replicate::subscriber(me.clone(), inbound.clone(), shard));
             tokio::spawn(replicate::heartbeat(me.clone(), shard));
             tokio::spawn(me.clone().probe_loop(shard));
         }
     }
 
+    fn publish(&self, change: Change<'_>) {
+        let me = &self.0;
+        match change {
+            Change::Assigned { assignment: a, credit } => {
+                // Keys travel in the event only: the stored record is for load and calibration.
+                let record = Box::new(Record::new(a, &[], &me.replica));
+                let event = Some(Event::Assigned(Record::new(a, credit, &me.replica)));
+                me.send(Op::Put { record, expires: a.created_at + me.first_token_ttl, event });
+            }
+            Change::FirstToken { assignment: a, elapsed_ms, calibration } => {
+                // Refreshed until the end of its whole life (assignment TTL from its creation,
+                // never from now): `add_op` writes what is left of it, or nothing.
+                let record = Box::new(Record::new(a, &[], &me.replica));
+                let event = Some(Event::FirstToken { id: a.id.0, elapsed_ms });
+                me.send(Op::Put { record, expires: a.created_at + me.assignment_ttl, event });
+                if let Some(json) = calibration.and_then(|c| serde_json::to_string(c).ok()) {
+                    me.send(Op::Set { key: me.calibration_key(a.worker.as_str()), value: json, px: None });
+                }
+            }
+            Change::Freed { id } => me.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } }),
+            Change::Suspected { worker, reason } => {
+                let event = Event::WorkerSuspect { id: worker.to_string(), reason: reason as i32 };
+                me.send(Op::Publish { key: me.worker_key(worker.as_str()), event });
+            }
+            Change::Draining { worker } => {
+                let event = Event::WorkerDraining { id: worker.to_string() };
+                me.send(Op::Publish { key: me.worker_key(worker.as_str()), event });
+            }
+        }
+    }
+
+    fn degraded(&self) -> bool {
+        self.0.degraded()
+    }
+
+    fn id_salt(&self) -> u64 {
+        self.0.salt
+    }
+}
+
+impl WorkerSharing for Handle {
     fn share_worker(&self, worker: &WorkerConfig) -> StoreFuture {
-        let (me, worker) = (self.arc(), worker.clone());
+        let (me, worker) = (self.0.clone(), worker.clone());
         Box::pin(async move {
-            let me = me.ok_or_else(|| ShareError::Unavailable("the store is shutting down".into()))?;
             let id = worker.id.clone();
             me.register_now(&worker).await?;
             me.shared.lock().insert(id);
@@ -451,13 +508,12 @@ impl SharedStore for RedisStore {
     }
 
     fn is_shared(&self, id: &str) -> bool {
-        self.shared.lock().contains(id)
+        self.0.shared.lock().contains(id)
     }
 
     fn unshare_worker(&self, id: &str) -> StoreFuture {
-        let (me, id) = (self.arc(), id.to_string());
+        let (me, id) = (self.0.clone(), id.to_string());
         Box::pin(async move {
-            let me = me.ok_or_else(|| ShareError::Unavailable("the store is shutting down".into()))?;
             me.unregister_now(&id).await?;
             me.shared.lock().remove(&id);
             Ok(())
@@ -465,50 +521,17 @@ impl SharedStore for RedisStore {
     }
 
     fn worker_rejected(&self, id: &str) {
-        self.shared.lock().remove(id);
+        self.0.shared.lock().remove(id);
     }
+}
 
-    fn publish(&self, event: &FleetEvent, applied: &Applied) {
-        match (event, applied) {
-            (FleetEvent::Assigned { assignment: a, credit }, Applied::Assigned) => {
-                // Keys travel in the event only: the stored record is for load and calibration.
-                let record = Box::new(Record::new(a, &[], &self.replica));
-                let event = Some(Event::Assigned(Record::new(a, credit, &self.replica)));
-                self.send(Op::Put { record, expires: a.created_at + self.first_token_ttl, event });
-            }
-            (FleetEvent::FirstToken { id, elapsed_ms }, Applied::FirstToken { assignment: a, calibration }) => {
-                // Refreshed until the end of its whole life (assignment TTL from its creation,
-                // never from now): `add_op` writes what is left of it, or nothing.
-                let record = Box::new(Record::new(a, &[], &self.replica));
-                let event = Some(Event::FirstToken { id: id.0, elapsed_ms: *elapsed_ms });
-                self.send(Op::Put { record, expires: a.created_at + self.assignment_ttl, event });
-                if let Some(json) = calibration.as_ref().and_then(|c| serde_json::to_string(c).ok()) {
-                    self.send(Op::Set { key: self.calibration_key(a.worker.as_str()), value: json, px: None });
-                }
-            }
-            (FleetEvent::Completed { id, .. } | FleetEvent::Cancelled { id }, Applied::Freed(_)) => {
-                self.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } });
-            }
-            (FleetEvent::Suspected { worker, reason }, Applied::Marked(_)) => {
-                let event = Event::WorkerSuspect { id: worker.to_string(), reason: *reason as i32 };
-                self.send(Op::Publish { key: self.worker_key(worker.as_str()), event });
-            }
-            (FleetEvent::Draining(worker), Applied::Marked(_)) => {
-                let event = Event::WorkerDraining { id: worker.to_string() };
-                self.send(Op::Publish { key: self.worker_key(worker.as_str()), event });
-            }
-            // Workers are shared by the admin call itself (`share_worker`), before it answers;
-            // a restored calibration came from the store.
-            _ => {}
-        }
-    }
-
+impl WarmStart for Handle {
     fn engine_started(&self, worker: &Arc<WorkerEntry>, rank: u32, stats: &Arc<IngestStats>) -> Option<u64> {
-        let me = self.arc()?;
+        let me = &self.0;
         let slot = worker.engines.iter().find(|e| e.rank == rank)?.slot;
-        let warm = self.warm.lock().mirrors.remove(&(worker.id.to_string(), rank));
+        let warm = me.warm.lock().mirrors.remove(&(worker.id.to_string(), rank));
         let resume = warm.and_then(|m| {
-            let n = self.index.memory().restore(slot, &m.blocks);
+            let n = me.index.memory().restore(slot, &m.blocks);
             tracing::info!(worker = %worker.id, rank, blocks = n, seq = ?m.seq, "engine restored from the mirror");
             if let Some(seq) = m.seq {
                 stats.set_last_seq(seq);
@@ -517,46 +540,31 @@ impl SharedStore for RedisStore {
         });
         let engine = lease::EngineMirror {
             slot,
-            lease_key: format!("{}:lease:{}:{rank}", self.config.key_prefix, worker.id),
-            key: MirrorKey::new(&self.config.key_prefix, worker.id.as_str(), rank),
+            lease_key: format!("{}:lease:{}:{rank}", me.config.key_prefix, worker.id),
+            key: MirrorKey::new(&me.config.key_prefix, worker.id.as_str(), rank),
             stats: stats.clone(),
         };
-        let task = tokio::spawn(lease::run(me, engine));
+        let task = tokio::spawn(lease::run(me.clone(), engine));
         worker.add_task(task.abort_handle());
         resume
     }
+}
 
-    fn degraded(&self) -> bool {
-        !self.shards.all_up() || !self.shards.all_subscribed()
-    }
-
-    fn id_salt(&self) -> u64 {
-        self.salt
-    }
-
-    fn ledger(&self) -> Option<Arc<dyn crate::tenancy::Ledger>> {
-        Some(self.ledger.clone())
-    }
-
-    fn share_response(&self, id: &str, owner: &crate::responses::Owner, ttl: Duration) {
+impl ResponseDirectory for Handle {
+    fn share_response(&self, id: &str, owner: &Owner, ttl: Duration) {
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        self.send(Op::Set { key: self.response_key(id), value: owner.encode(), px: Some(ms) });
+        self.0.send(Op::Set { key: self.0.response_key(id), value: owner.encode(), px: Some(ms) });
     }
 
-    fn find_response(&self, id: &str) -> crate::store::ResponseFuture {
-        let key = self.response_key(id);
-        let Some(me) = self.arc() else { return Box::pin(async { None }) };
+    fn find_response(&self, id: &str) -> ResponseFuture {
+        let (me, key) = (self.0.clone(), self.0.response_key(id));
         Box::pin(async move {
             let shard = me.shards.owner(&key);
             if !me.shards.is_up(shard) {
                 return None;
             }
             let value: Option<String> = me.shards.cmd(shard, redis::cmd("GET").arg(&key)).await.ok()?;
-            value.as_deref().and_then(crate::responses::Owner::decode)
+            value.as_deref().and_then(Owner::decode)
         })
-    }
-
-    fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {
-        Some(Box::new(stats::StoreCollector { store: self.me.get().cloned().unwrap_or_default() }))
     }
 }

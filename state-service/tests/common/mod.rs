@@ -2,9 +2,9 @@
 #![allow(dead_code)]
 
 use kvroute_state::config::{Config, WorkerConfig};
-use kvroute_state::index::{ApplyStats, KvIndex, PrefixMatch};
-use kvroute_state::state::AppState;
-use kvroute_state::types::{BlockKey, EngineSlot, KvEvent};
+use kvroute_kv::index::{ApplyStats, KvIndex, PrefixMatch};
+use kvroute_state::app::App;
+use kvroute_kv::types::{BlockKey, EngineSlot, KvEvent};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -55,9 +55,9 @@ pub fn config(workers: &[&str]) -> Config {
     config
 }
 
-pub fn state(workers: &[&str]) -> (AppState, Arc<TestIndex>) {
+pub fn state(workers: &[&str]) -> (App, Arc<TestIndex>) {
     let index = Arc::new(TestIndex::default());
-    let state = AppState::new(config(workers), index.clone()).expect("valid test config");
+    let state = App::new(config(workers), index.clone()).expect("valid test config");
     (state, index)
 }
 

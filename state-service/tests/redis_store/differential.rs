@@ -5,12 +5,12 @@
 //! the memory index.
 
 use super::support::{shards, RedisServer};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::reference::differential::check;
-use kvroute_state::index::{ApplyStats, KvIndex, PrefixMatch};
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::reference::differential::check;
+use kvroute_kv::index::{ApplyStats, KvIndex, PrefixMatch};
 use kvroute_state::store::redis::shards::Shards;
 use kvroute_state::store::redis::{mirror, MirrorKey, MirroredIndex};
-use kvroute_state::types::{BlockKey, EngineSlot, KvEvent};
+use kvroute_kv::types::{BlockKey, EngineSlot, KvEvent};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};

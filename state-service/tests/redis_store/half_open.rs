@@ -7,7 +7,6 @@
 use super::proxy::Proxy;
 use super::support::*;
 use kvroute_state::assign::AssignmentId;
-use kvroute_state::store::SharedStore;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::time::Instant;

@@ -7,7 +7,6 @@ use super::proxy::Proxy;
 use super::support::*;
 use kvroute_state::store::redis::shards::{ShardId, Shards};
 use kvroute_state::store::redis::{RedisLedger, RedisStore};
-use kvroute_state::store::SharedStore;
 use kvroute_state::tenancy::window::contract::{self, reserve, scope};
 use kvroute_state::tenancy::{Ledger, Limit, Limits, Outcome};
 use std::sync::Arc;
@@ -62,7 +61,7 @@ fn redis_ledger_meets_the_contract() {
 
         // The store hands out a ledger on its own shards and key prefix.
         let store = RedisStore::connect(&redis_config(&servers, "r", 1)).await.expect("store");
-        let shared = store.ledger().expect("the redis store shares a ledger");
+        let shared: Arc<dyn Ledger> = store.ledger.clone();
         contract::requests_and_concurrency(shared.as_ref(), "via-store").await;
     });
 }
@@ -163,7 +162,7 @@ fn a_lost_shard_fails_reservations_within_its_timeout() {
 #[test]
 fn replicas_share_overrides_and_follow_the_unavailable_policy() {
     use kvroute_core::wire::BudgetLimit;
-    use kvroute_state::metrics::Metrics;
+    use kvroute_state::metrics::Registry;
     use kvroute_state::tenancy::{Admission, Charge, TenancyConfig, Tenants, WhenUnavailable};
     let mut servers = shards(1);
     let urls = vec![servers[0].url()];
@@ -171,30 +170,32 @@ fn replicas_share_overrides_and_follow_the_unavailable_policy() {
         let tenants = |when: WhenUnavailable| {
             let (_, l) = ledger(&urls, Duration::from_millis(300));
             let config = TenancyConfig { when_store_unavailable: when, replicas: 2, store_timeout_ms: 1_000, ..TenancyConfig::default() };
-            Tenants::new(config, Some(l as Arc<dyn Ledger>), 600_000)
+            let mut registry = Registry::default();
+            (Tenants::new(config, Some(l as Arc<dyn Ledger>), 600_000, &mut registry), registry)
         };
-        let (a, b, local) = (tenants(WhenUnavailable::Reject), tenants(WhenUnavailable::Reject), tenants(WhenUnavailable::Local));
-        let metrics = Metrics::new();
+        let ((a, _), (b, b_metrics), (local, local_metrics)) =
+            (tenants(WhenUnavailable::Reject), tenants(WhenUnavailable::Reject), tenants(WhenUnavailable::Local));
         let charge = |id: u64| Charge { tenant: "newbie", model: "m", id, tokens: 10 };
-        assert_eq!(b.admit(&charge(1), &metrics).await, Admission::Unlimited, "nobody budgets newbie yet");
+        assert_eq!(b.admit(&charge(1)).await, Admission::Unlimited, "nobody budgets newbie yet");
         a.set_limits("newbie", None, Some(Limits { requests_per_minute: Some(2), ..Limits::default() })).await.expect("override stored");
         b.refresh().await.expect("refreshed");
-        assert!(matches!(b.admit(&charge(2), &metrics).await, Admission::Admitted { degraded: false, .. }), "b follows a's override");
-        assert!(matches!(a.admit(&charge(3), &metrics).await, Admission::Admitted { .. }));
-        match b.admit(&charge(4), &metrics).await {
+        assert!(matches!(b.admit(&charge(2)).await, Admission::Admitted { degraded: false, .. }), "b follows a's override");
+        assert!(matches!(a.admit(&charge(3)).await, Admission::Admitted { .. }));
+        match b.admit(&charge(4)).await {
             Admission::Rejected(r) => assert_eq!(r.limit(), BudgetLimit::BudgetRequests, "one budget for both: 2 per minute"),
             other => panic!("expected a rejection, got {other:?}"),
         }
 
         local.refresh().await.expect("refreshed");
         servers[0].stop();
-        match b.admit(&charge(5), &metrics).await {
+        match b.admit(&charge(5)).await {
             Admission::Rejected(r) => assert_eq!(r.limit(), BudgetLimit::BudgetUnavailable),
             other => panic!("reject policy: expected unavailable, got {other:?}"),
         }
         // The local share of 2 rpm over 2 replicas: 1 admitted here, then rejected.
-        assert!(matches!(local.admit(&charge(6), &metrics).await, Admission::Admitted { degraded: true, .. }));
-        assert!(matches!(local.admit(&charge(7), &metrics).await, Admission::Rejected(_)));
-        assert_eq!(metrics.budget_degraded.get(), 3);
+        assert!(matches!(local.admit(&charge(6)).await, Admission::Admitted { degraded: true, .. }));
+        assert!(matches!(local.admit(&charge(7)).await, Admission::Rejected(_)));
+        assert!(b_metrics.encode().contains("kvroute_budget_degraded_total 1\n"), "b decided one without the ledger");
+        assert!(local_metrics.encode().contains("kvroute_budget_degraded_total 2\n"), "local decided two without the ledger");
     });
 }

@@ -6,7 +6,7 @@
 use super::support::*;
 use kvroute_state::assign::AssignmentId;
 use kvroute_state::config::Config;
-use kvroute_state::state::AppState;
+use kvroute_state::app::App;
 use kvroute_core::wire::PickRequest;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -33,7 +33,7 @@ fn sorted_counts(workers: &[String]) -> Vec<usize> {
     v
 }
 
-fn seen(state: &AppState, id: u64) -> bool {
+fn seen(state: &App, id: u64) -> bool {
     state.fleet.assignments().contains(AssignmentId(id))
 }
 
@@ -52,9 +52,11 @@ fn burst_spreads_like_one_instance_and_follow_ups_stick() {
     let mut single = Config { seed: Some(1), ..Config::default() };
     single.timeouts.speculative_ttl_ms = 60_000;
     plain_workers(&mut single, WORKERS);
-    let one = AppState::new(single, Arc::new(kvroute_state::index::memory::MemoryIndex::new())).expect("config");
+    let one = App::new(single, Arc::new(kvroute_kv::index::memory::MemoryIndex::new())).expect("config");
     let req = |i| PickRequest { model: "m".into(), token_keys: burst_keys(i), block_size: 16, prompt_tokens: 2048, ..Default::default() };
-    let expected: Vec<String> = (0..BURST).map(|i| kvroute_state::pick::pick(&one, &req(i)).worker_id).collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let expected: Vec<String> =
+        (0..BURST).map(|i| rt.block_on(one.picker.pick(&req(i), kvroute_state::pick::Deadline::default())).worker_id).collect();
     assert!(sorted_counts(&expected).len() > 1, "the burst must spread at all: {expected:?}");
 
     let servers = shards(3);

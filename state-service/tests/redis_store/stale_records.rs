@@ -6,7 +6,7 @@
 
 use super::support::*;
 use kvroute_state::assign::AssignmentId;
-use kvroute_state::score::Policy;
+use kvroute_score::Policy;
 use kvroute_state::store::redis::shards::Shards;
 use kvroute_state::store::redis::wire::{unix_ms, Event, Message, Record};
 use serde_json::json;

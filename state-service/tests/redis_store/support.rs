@@ -3,10 +3,10 @@
 //! stops everything it started, like a process exit), and simulated vLLM workers.
 
 use kvroute_state::config::{Config, WorkerConfig};
-use kvroute_state::state::AppState;
+use kvroute_state::app::App;
 use kvroute_state::store::redis::RedisStore;
 use kvroute_state::store::StoreKind;
-use kvroute_state::types::EngineSlot;
+use kvroute_kv::types::EngineSlot;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -106,7 +106,7 @@ pub fn plain_workers(config: &mut Config, n: usize) {
 
 /// One state-service replica: Redis store, wiring, HTTP API on a free port.
 pub struct Replica {
-    pub state: AppState,
+    pub state: App,
     pub store: Arc<RedisStore>,
     pub addr: SocketAddr,
     rt: Option<Runtime>,
@@ -117,10 +117,10 @@ impl Replica {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let (state, store, addr) = rt.block_on(async move {
             let store = RedisStore::connect(&config).await.expect("store");
-            let state = kvroute_state::app::start_with_store(config, store.index.clone(), store.clone()).expect("valid config");
+            let state = kvroute_state::app::App::start(config, store.store()).expect("valid config");
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
-            let app = kvroute_state::api::app(state.clone());
+            let app = state.router();
             tokio::spawn(async move { axum::serve(listener, app).await });
             (state, store, addr)
         });

@@ -10,7 +10,6 @@ use kvroute_state::assign::AssignmentId;
 use kvroute_state::config::Config;
 use kvroute_state::store::redis::shards::ShardId;
 use kvroute_state::store::redis::RedisStore;
-use kvroute_state::store::SharedStore;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use serde_json::json;
 use std::net::TcpStream;

@@ -10,7 +10,7 @@
 use super::mirror::{self, MirrorKey};
 use super::RedisStore;
 use crate::ingest::IngestStats;
-use crate::types::EngineSlot;
+use kvroute_kv::types::EngineSlot;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

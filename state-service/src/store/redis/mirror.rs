@@ -16,10 +16,10 @@
 
 use super::shards::{ShardId, Shards};
 use super::StoreError;
-use crate::index::memory::snapshot::BlockEntry;
-use crate::index::memory::MemoryIndex;
-use crate::index::{ApplyStats, KvIndex, PrefixMatch};
-use crate::types::{BlockKey, EngineHash, EngineSlot, KvEvent};
+use kvroute_kv::index::memory::snapshot::BlockEntry;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::{ApplyStats, KvIndex, PrefixMatch};
+use kvroute_kv::types::{BlockKey, EngineHash, EngineSlot, KvEvent};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 

@@ -27,7 +27,7 @@ use super::{RedisStore, StoreStats};
 use crate::assign::AssignmentId;
 use crate::fleet::{FleetEvent, Usage};
 use crate::store::Inbound;
-use crate::types::WorkerId;
+use kvroute_kv::types::WorkerId;
 use kvroute_core::wire::UpstreamFailure;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -5,8 +5,8 @@
 
 use crate::assign::{Assignment, AssignmentId};
 use crate::config::WorkerConfig;
-use crate::score::{Features, Policy};
-use crate::types::{BlockKey, WorkerId};
+use kvroute_score::{Features, Policy};
+use kvroute_kv::types::{BlockKey, WorkerId};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;

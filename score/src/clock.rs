@@ -7,8 +7,8 @@
 //! learned routes ([`super::ApproxMap`]) and the peers' per-worker prefix memories
 //! ([`super::prefix_sets`]).
 
-use crate::hasher::SeededState;
-use crate::types::BlockKey;
+use kvroute_kv::hasher::SeededState;
+use kvroute_kv::types::BlockKey;
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! Index benchmark: prefix-lookup latency, ingestion throughput, memory per (block, engine).
 //!
-//! `cargo run -p kvroute-state --release --example index_bench [ENGINES BLOCKS_PER_ENGINE]`
+//! `cargo run -p kvroute-kv --release --example index_bench [ENGINES BLOCKS_PER_ENGINE]`
 //!
 //! Fleet (default 64 engines x 50,000 blocks, block size 16): every engine holds one
 //! 512-block shared prefix (a long system prompt: the lookup worst case, every key held by
@@ -13,13 +13,11 @@
 //! loading the fleet. Lookup rows print the minimum too: on a shared machine the p99 is
 //! mostly other processes' time slices, the minimum is the lookup's own cost.
 
-use kvroute_state::score::PickRng;
-use rand::RngCore;
 use kvroute_core::keys::{token_block_keys, KeyRoot};
-use kvroute_state::events::{decode_batch_into, EventBatch};
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::KvIndex;
-use kvroute_state::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
+use kvroute_kv::vllm::{decode_batch_into, EventBatch};
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::KvIndex;
+use kvroute_kv::types::{BlockKey, EngineHash, EngineSlot, KvEvent, Tier};
 use rmpv::Value;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -62,14 +60,21 @@ const SHARED: usize = 512;
 const TAIL: usize = 48;
 const MODEL: &str = "bench-model";
 
-/// Deterministic pseudo-random tokens, so runs are comparable: the service's own SplitMix64.
-struct Rng(PickRng);
+/// Deterministic pseudo-random tokens, so runs are comparable: SplitMix64 (the generator the
+/// pick uses, `kvroute_score::PickRng`, written out here so the index crate needs no scorer).
+struct Rng(u64);
 impl Rng {
     fn new(seed: u64) -> Rng {
-        Rng(PickRng::new(seed))
+        let mut rng = Rng(seed);
+        rng.next();
+        rng
     }
     fn next(&mut self) -> u64 {
-        self.0.next_u64()
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
     fn tokens(&mut self, n: usize) -> Vec<u32> {
         (0..n).map(|_| (self.next() % 150_000) as u32).collect()

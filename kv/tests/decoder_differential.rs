@@ -10,16 +10,16 @@
 #[path = "decoder_reference/mod.rs"]
 mod reference;
 
-use kvroute_state::score::PickRng;
-use rand::RngCore;
-use kvroute_state::events::{decode_batch, decode_batch_into, DecodeError, EventBatch};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use kvroute_kv::vllm::{decode_batch, decode_batch_into, DecodeError, EventBatch};
 use std::path::Path;
 
-/// Seeded: the service's own SplitMix64 ([`PickRng`]).
-struct Rng(PickRng);
+/// Seeded, so a failure reproduces.
+struct Rng(StdRng);
 impl Rng {
     fn new(seed: u64) -> Rng {
-        Rng(PickRng::new(seed))
+        Rng(StdRng::seed_from_u64(seed))
     }
     fn next(&mut self) -> u64 {
         self.0.next_u64()

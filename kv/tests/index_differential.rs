@@ -3,9 +3,9 @@
 //! `KVROUTE_DIFF_SEEDS=n` runs more seeds (default 100). A failure prints the seed and batch;
 //! `differential::check_seed` replays exactly that stream.
 
-use kvroute_state::index::memory::MemoryIndex;
-use kvroute_state::index::reference::differential::check;
-use kvroute_state::index::KvIndex;
+use kvroute_kv::index::memory::MemoryIndex;
+use kvroute_kv::index::reference::differential::check;
+use kvroute_kv::index::KvIndex;
 
 fn seeds() -> u64 {
     std::env::var("KVROUTE_DIFF_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)

@@ -10,7 +10,7 @@ use std::hash::{BuildHasher, Hasher};
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
 
 #[derive(Clone, Debug)]
-pub(crate) struct SeededState {
+pub struct SeededState {
     seed: u64,
 }
 
@@ -27,7 +27,7 @@ impl BuildHasher for SeededState {
     }
 }
 
-pub(crate) struct FoldHasher {
+pub struct FoldHasher {
     h: u64,
 }
 

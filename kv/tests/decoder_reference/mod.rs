@@ -5,7 +5,7 @@
 mod event;
 mod msgpack;
 
-use kvroute_state::events::{DecodeError, EventBatch};
+use kvroute_kv::vllm::{DecodeError, EventBatch};
 use msgpack::Reader;
 
 /// `events::decode_batch` as it was.

@@ -6,7 +6,7 @@
 //! The bound and its eviction order are [`super::clock::Clock`]'s.
 
 use super::clock::Clock;
-use crate::types::{BlockKey, WorkerId, WorkerSlots};
+use kvroute_kv::types::{BlockKey, WorkerId, WorkerSlots};
 use std::collections::HashMap;
 
 #[derive(Debug)]

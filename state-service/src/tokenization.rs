@@ -21,7 +21,10 @@ pub mod worker;
 
 use crate::config::Config;
 use crate::fleet::TokenizeTarget;
-use crate::metrics::{Metrics, TokenizeFailure};
+use crate::metrics::{Path, Registry, TokenizationLabels, TokenizeFailure, TokenizeFailureLabels};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use kvroute_core::wire::{Endpoint, PickRequest, TokenizationPath};
 use kvroute_tokenize::{Api, ModelTokenizer, TokenizeError};
 use local::{LocalTokenizers, Lookup};
@@ -72,6 +75,36 @@ pub struct Tokenization {
     deadline: Duration,
     /// Blocking-pool tokenizations at once; a pick that finds none free does not queue.
     permits: Arc<tokio::sync::Semaphore>,
+    metrics: TokenizeMetrics,
+}
+
+/// Tokenization's metric families (the tokenizers' own state is read at scrape time by
+/// [`collector::TokenizerCollector`]).
+struct TokenizeMetrics {
+    /// Tokenization attempts that gave no ids, by path and reason.
+    failures: Family<TokenizeFailureLabels, Counter>,
+    /// Time to tokenize a prompt and cut its keys (local and worker paths), seconds.
+    latency: Family<TokenizationLabels, Histogram>,
+}
+
+impl TokenizeMetrics {
+    fn register(registry: &mut Registry) -> TokenizeMetrics {
+        let m = TokenizeMetrics {
+            failures: Family::default(),
+            latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))),
+        };
+        registry.register("tokenization_failures", "Tokenization attempts without ids, by path and reason", m.failures.clone());
+        registry.register("tokenize_seconds", "Time to tokenize a prompt, by path", m.latency.clone());
+        m
+    }
+
+    fn failure(&self, path: TokenizationPath, reason: TokenizeFailure) {
+        self.failures.get_or_create(&TokenizeFailureLabels { path: Path(path), reason }).inc();
+    }
+
+    fn observe(&self, path: TokenizationPath, seconds: f64) {
+        self.latency.get_or_create(&TokenizationLabels { path: Path(path) }).observe(seconds);
+    }
 }
 
 /// Whether a pick's prompt needs tokenizing (text or chat, no exact keys from the filter).
@@ -80,10 +113,14 @@ pub fn wants_tokens(req: &PickRequest) -> bool {
 }
 
 impl Tokenization {
-    pub fn new(config: &Config) -> Tokenization {
+    /// Registers its metrics and the tokenizers' scrape-time collector in `registry`.
+    pub fn new(config: &Config, registry: &mut Registry) -> Tokenization {
         let t = &config.tokenization;
+        let local = Arc::new(LocalTokenizers::new(config));
+        registry.register_collector(Box::new(collector::TokenizerCollector { local: local.clone() }));
         Tokenization {
-            local: Arc::new(LocalTokenizers::new(config)),
+            metrics: TokenizeMetrics::register(registry),
+            local,
             worker: WorkerTokenizer::new(Duration::from_millis(t.worker_timeout_ms), Duration::from_millis(t.worker_retry_ms)),
             inline_max_bytes: t.inline_max_bytes,
             worker_fallback: t.worker_fallback,
@@ -108,6 +145,12 @@ impl Tokenization {
         }
     }
 
+    /// Counts a tokenization that gave no ids for a reason found outside it (the pick's
+    /// deadline).
+    pub fn count_failure(&self, path: TokenizationPath, reason: TokenizeFailure) {
+        self.metrics.failure(path, reason);
+    }
+
     /// Whether a tokenizer load is under way.
     pub fn loading(&self) -> bool {
         self.local.loading()
@@ -121,25 +164,26 @@ impl Tokenization {
     /// The prompt's exact ids via the local tokenizer of `target`'s base model, else a worker
     /// of `target` (healthy workers of the request's model); `None` when neither path could
     /// give them.
-    pub async fn exact_ids(&self, metrics: &Metrics, req: &PickRequest, target: &TokenizeTarget) -> Option<ExactIds> {
+    pub async fn exact_ids(&self, req: &PickRequest, target: &TokenizeTarget) -> Option<ExactIds> {
+        let metrics = &self.metrics;
         if req.endpoint == Endpoint::Responses as i32 && !req.previous_response_id.is_empty() {
             // vLLM prepends the stored conversation, which only its owner has: the prompt
             // without it is not the one vLLM computes.
-            metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Template);
+            metrics.failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Template);
             return None;
         }
         let started = std::time::Instant::now();
         match self.local_ids(req, &target.base_model).await {
             Ok((encoded, bytes)) => {
-                metrics.observe_tokenize(TokenizationPath::TokenizationLocal, started.elapsed().as_secs_f64());
+                metrics.observe(TokenizationPath::TokenizationLocal, started.elapsed().as_secs_f64());
                 if encoded.rest_bytes > 0 {
-                    metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Truncated);
+                    metrics.failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Truncated);
                 }
                 let prompt_tokens = encoded.prompt_tokens(bytes.saturating_sub(encoded.rest_bytes));
                 return Some(ExactIds { ids: encoded.ids, prompt_tokens, path: TokenizationPath::TokenizationLocal });
             }
             Err(reason) => {
-                metrics.count_tokenize_failure(TokenizationPath::TokenizationLocal, reason);
+                metrics.failure(TokenizationPath::TokenizationLocal, reason);
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no local tokenization");
                 // Out of time or capacity, or too long for the budget: a worker call would
                 // cost more of the same and push the overload onto the workers.
@@ -154,12 +198,12 @@ impl Tokenization {
         let started = std::time::Instant::now();
         match self.worker_ids(req, &target.workers).await {
             Ok(ids) => {
-                metrics.observe_tokenize(TokenizationPath::TokenizationWorker, started.elapsed().as_secs_f64());
+                metrics.observe(TokenizationPath::TokenizationWorker, started.elapsed().as_secs_f64());
                 let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
                 Some(ExactIds { ids, prompt_tokens, path: TokenizationPath::TokenizationWorker })
             }
             Err(reason) => {
-                metrics.count_tokenize_failure(TokenizationPath::TokenizationWorker, reason);
+                metrics.failure(TokenizationPath::TokenizationWorker, reason);
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no worker tokenization");
                 None
             }

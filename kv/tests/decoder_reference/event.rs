@@ -7,8 +7,8 @@
 //! required, what the defaults are" lives in one place ([`Fields::build`]).
 
 use super::msgpack::{Int, Reader};
-use kvroute_state::events::DecodeError;
-use kvroute_state::types::{EngineHash, KvEvent, Tier};
+use kvroute_kv::vllm::DecodeError;
+use kvroute_kv::types::{EngineHash, KvEvent, Tier};
 
 const STORED: &str = "BlockStored";
 const REMOVED: &str = "BlockRemoved";

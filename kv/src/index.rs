@@ -1,6 +1,6 @@
 //! The KV index: which engine holds which kvroute block keys.
 //!
-//! Behind a trait so the memory store and the Redis-backed store (a later issue) answer the
+//! Behind a trait so the memory index and the Redis store's mirrored index answer the
 //! same questions; a clean-room reference model and a seeded differential test keep every
 //! implementation honest.
 //!

@@ -9,7 +9,7 @@
 //! held by several workers, as in both peers' structures.
 
 use super::clock::Clock;
-use crate::types::{BlockKey, WorkerId, WorkerSlots};
+use kvroute_kv::types::{BlockKey, WorkerId, WorkerSlots};
 
 /// Which end of a prompt goes first when a worker's memory is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! know an id asks Redis before answering "unknown", so the follow-up may go through any
 //! replica, also one restarted since.
 
-use crate::types::WorkerId;
+use kvroute_kv::types::WorkerId;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};

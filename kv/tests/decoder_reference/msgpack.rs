@@ -9,7 +9,7 @@
 //! allocates. Every read is bounds-checked and returns a typed error, never panics; `skip`
 //! is iterative, so hostile nesting cannot overflow the stack.
 
-use kvroute_state::events::DecodeError;
+use kvroute_kv::vllm::DecodeError;
 
 /// An integer as msgpack carries it: non-negative ints are `U`, negative ones `I`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
