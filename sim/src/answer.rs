@@ -86,6 +86,12 @@ pub fn seed_for(prompt: &[u32]) -> u64 {
     prompt.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| (h ^ u64::from(*t)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// The seed of sample `index` of a prompt (`n` > 1 samples differ, as sampling at a nonzero
+/// temperature makes them): sample 0 is [`seed_for`]'s, what an `n` = 1 request gets.
+pub fn sample_seed(prompt: &[u32], index: usize) -> u64 {
+    seed_for(prompt) ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// Makes up answers for one tokenizer. The filler words are chosen once, here, because the
 /// check costs a few dozen encodes and depends only on the vocabulary.
 #[derive(Debug)]

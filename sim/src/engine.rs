@@ -32,7 +32,7 @@ pub use offload::{OffloadConfig, OffloadStats};
 use pool::BlockPool;
 pub use profile::StepProfile;
 pub(crate) use request::Request;
-pub use request::{FinishReason, Finished, NewRequest, TokenOut};
+pub use request::{FinishReason, Finished, FirstToken, NewRequest, TokenOut};
 use serde::Serialize;
 pub use stats::EngineStats;
 use std::collections::VecDeque;
@@ -218,6 +218,21 @@ impl Engine {
             self.gone.push(r);
         }
         true
+    }
+
+    /// A request its frontend gave up on (vLLM's `AsyncLLM.abort`): dropped as [`Engine::abort`]
+    /// drops it, and counted. `step` computes a whole step when it starts, so an abort while
+    /// the worker waits out that step takes effect after it (the request is not scheduled
+    /// again), as vLLM's engine core applies aborts after the forward pass in progress.
+    pub fn abort_by_frontend(&mut self, id: RequestId) {
+        self.abort(id);
+        self.stats.requests_aborted += 1;
+    }
+
+    /// Counts one output the frontend received (see [`EngineStats::record_output`]). Not done
+    /// by `step`, so that outputs of requests aborted while their step ran are never counted.
+    pub fn record_output(&mut self, t: &TokenOut) {
+        self.stats.record_output(t);
     }
 
     pub fn has_work(&self) -> bool {

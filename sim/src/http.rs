@@ -1,11 +1,14 @@
 //! The per-worker HTTP surface: OpenAI-compatible endpoints (`openai`; the Responses API with
-//! its per-worker store in `responses`), vLLM's extra endpoints (`admin`) and the simulator's
-//! own admin/debug endpoints (`simctl`). Every response
+//! its per-worker store in `responses`; Anthropic's `messages`), with vLLM's output-limit and
+//! `n` checks in `limits`, vLLM's extra endpoints (`admin`) and the simulator's own
+//! admin/debug endpoints (`simctl`). Every response
 //! carries `x-sim-worker: <id>` so end-to-end tests know who served a request; generation
 //! responses also carry `x-sim-dp-rank: <r>`, the rank that ran it (see `dp.rs`).
 
 mod admin;
 mod error;
+mod limits;
+mod messages;
 mod openai;
 mod responses;
 mod simctl;
@@ -78,8 +81,8 @@ pub fn app(state: AppState) -> Router {
     let routes = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/v1/messages", post(openai::messages))
-        .route("/v1/messages/count_tokens", post(openai::count_tokens))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{response_id}", get(responses::retrieve))
         .route("/v1/responses/{response_id}/cancel", post(responses::cancel))

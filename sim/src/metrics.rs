@@ -8,7 +8,11 @@
 //! own `prefix_cache_*` count every scheduling attempt, preemptions included):
 //! `kvroute_sim_prompt_tokens_first_scheduled_total` (prompt tokens at a request's first
 //! scheduling) and `kvroute_sim_cached_tokens_first_scheduled_total{medium="GPU"|"CPU"}` (of
-//! those, GPU prefix-cache hits and CPU offload-tier loads).
+//! those, GPU prefix-cache hits and CPU offload-tier loads). A third,
+//! `kvroute_sim_requests_aborted_total`, counts requests their frontend aborted (client gone,
+//! Responses cancel), which vLLM counts nowhere. `vllm:prompt_tokens` and
+//! `vllm:generation_tokens` count what vLLM's output processor counts: outputs delivered to a
+//! request still listened for (see `EngineStats`).
 
 use crate::engine::stats::{EngineStats, Histogram};
 use crate::engine::Engine;
@@ -54,7 +58,7 @@ pub fn render(m: &MetricsInput<'_>) -> String {
             cfg.block_size, cfg.num_gpu_blocks
         );
     }
-    let counters: [Counter; 9] = [
+    let counters: [Counter; 10] = [
         ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", |s| s.prefix_cache_queries),
         ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", |s| s.prefix_cache_hits),
         (
@@ -71,6 +75,11 @@ pub fn render(m: &MetricsInput<'_>) -> String {
         ("vllm:generation_tokens", "Number of generation tokens processed.", |s| s.generation_tokens),
         ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", |s| s.preemptions),
         ("vllm:request_success", "Count of successfully processed requests.", |s| s.requests_finished),
+        (
+            "kvroute_sim_requests_aborted",
+            "Requests aborted by their frontend before they finished (client disconnected, Responses cancel).",
+            |s| s.requests_aborted,
+        ),
         (
             "kvroute_sim_prompt_tokens_first_scheduled",
             "Prompt tokens of requests at their first scheduling (re-scheduling after preemption not counted).",
@@ -144,7 +153,9 @@ mod tests {
         }
         let mut now = 0.0;
         for _ in 0..3 {
-            now += e.step(now).duration_s;
+            let out = e.step(now);
+            out.tokens.iter().for_each(|t| e.record_output(t));
+            now += out.duration_s;
         }
         let text = render(&MetricsInput { model: "m", engines: &[(0, &e)] });
         let l = "{model_name=\"m\",engine=\"0\"}";
@@ -157,6 +168,8 @@ mod tests {
         assert_eq!(get("vllm:prefix_cache_queries_total"), st.prefix_cache_queries as f64);
         assert_eq!(get("vllm:prefix_cache_hits_total"), st.prefix_cache_hits as f64);
         assert_eq!(get("vllm:generation_tokens_total"), st.generation_tokens as f64);
+        assert_eq!(get("vllm:prompt_tokens_total"), st.prompt_tokens as f64);
+        assert_eq!(get("kvroute_sim_requests_aborted_total"), st.requests_aborted as f64);
         assert_eq!(get("kvroute_sim_prompt_tokens_first_scheduled_total"), st.prompt_tokens_first_scheduled as f64);
         assert!(st.prompt_tokens_first_scheduled >= 200);
         let cached = |m: &str| sample(&text, &format!("kvroute_sim_cached_tokens_first_scheduled_total{{model_name=\"m\",engine=\"0\",medium=\"{m}\"}}")).unwrap();

@@ -3,8 +3,18 @@
 //!
 //! The task sleeps until the end of each step before delivering that step's tokens, so a
 //! client sees exactly the engine's timing. Between requests it parks on a `Notify`, so an
-//! idle worker costs nothing. A client that disconnects is noticed when its next token
-//! cannot be delivered, and the request is aborted (its blocks freed) like vLLM does.
+//! idle worker costs nothing.
+//!
+//! The frontend half of vLLM (`AsyncLLM` and its output processor) lives here too. The
+//! engine requests answering one HTTP request (its `n` choices, each prompt of a batch) share
+//! one [`TokenRx`]. Dropping it, or an [`AbortOnDrop`] taken from it, aborts every one of them
+//! at once: that is what happens when axum drops a handler future or a response body because
+//! the client disconnected, or when a background task is cancelled, as vLLM's
+//! `with_cancellation` / `AsyncLLM.abort` do. The engine drops an aborted request after the
+//! step in flight (its blocks freed, never scheduled again) and the outputs of that step are
+//! discarded uncounted, as vLLM's output processor ignores outputs of aborted requests.
+//! Output statistics (`vllm:prompt_tokens`, `vllm:generation_tokens`, latencies, successes)
+//! are counted as tokens are delivered to a listening request, where vLLM counts them.
 
 use crate::engine::{Engine, EngineConfig, EngineError, KvEvent, NewRequest, TokenOut};
 use crate::events::{encode_batch, EventEncoding, PubCommand, PublisherHandle};
@@ -16,14 +26,122 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, Notify};
 
-/// What a request's stream receives: tokens, then either a `finished` token or a drop of
-/// the channel (engine restarted).
-pub type TokenRx = mpsc::UnboundedReceiver<TokenOut>;
+/// One token of one engine request in a group, tagged with the request's index in the group
+/// (the response's choice index).
+#[derive(Debug)]
+pub struct Token {
+    pub index: usize,
+    pub out: TokenOut,
+}
+
+/// Where a group's engine requests deliver: tokens in engine order, each request ending with
+/// a `finished` token. A rank restart takes its requests without a `finished` token; the
+/// channel closes once no request is left. Dropping this aborts every request of the group
+/// that has not finished.
+pub struct TokenRx {
+    // Declared before `rx`, so it drops first: the requests are unregistered (under the
+    // worker's lock) before the channel closes, and a delivery never meets a closed channel.
+    abort: AbortOnDrop,
+    rx: mpsc::UnboundedReceiver<Token>,
+}
+
+impl TokenRx {
+    pub async fn recv(&mut self) -> Option<Token> {
+        self.rx.recv().await
+    }
+
+    /// Another guard on the same requests, for whatever else stands for the client (a response
+    /// body): whichever is dropped first aborts them.
+    pub fn abort_guard(&self) -> AbortOnDrop {
+        AbortOnDrop(self.abort.0.clone())
+    }
+}
+
+/// Aborts its engine requests when dropped; a request that already finished is left alone.
+pub struct AbortOnDrop(Arc<Mutex<Vec<(Worker, RequestId)>>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for (worker, id) in self.0.lock().iter() {
+            worker.abort_by_frontend(*id);
+        }
+    }
+}
+
+/// Builds a group: each [`Group::submit`] queues one engine request on a rank, delivering to
+/// the group's channel. Dropped before [`Group::listen`] (a later request was refused), it
+/// aborts the ones already queued.
+pub struct Group {
+    tx: mpsc::UnboundedSender<Token>,
+    rx: TokenRx,
+}
+
+impl Default for Group {
+    fn default() -> Self {
+        Group::new()
+    }
+}
+
+impl Group {
+    pub fn new() -> Group {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Group { tx, rx: TokenRx { abort: AbortOnDrop(Arc::default()), rx } }
+    }
+
+    /// Queues `req` on `rank` as the group's request `index`; validation errors come back
+    /// synchronously.
+    pub fn submit(&mut self, rank: &Worker, index: usize, req: NewRequest) -> Result<RequestId, EngineError> {
+        let id = rank.submit(req, index, self.tx.clone())?;
+        self.rx.abort.0.lock().push((rank.clone(), id));
+        Ok(id)
+    }
+
+    /// The group's tokens; the channel closes once every request finished or vanished.
+    pub fn listen(self) -> TokenRx {
+        self.rx
+    }
+}
 
 pub struct WorkerInner {
     pub engine: Engine,
-    senders: HashMap<RequestId, mpsc::UnboundedSender<TokenOut>>,
+    /// The requests the frontend listens for: their group's channel and index in it.
+    senders: HashMap<RequestId, (usize, mpsc::UnboundedSender<Token>)>,
     pub restarts: u64,
+}
+
+impl WorkerInner {
+    fn new(engine: Engine) -> WorkerInner {
+        WorkerInner { engine, senders: HashMap::new(), restarts: 0 }
+    }
+
+    /// vLLM's `AsyncLLM.abort`: the frontend forgets the request at once (outputs still in
+    /// flight are ignored) and the engine drops it. A no-op for a request whose last token was
+    /// delivered, or that a restart took.
+    fn abort_by_frontend(&mut self, id: RequestId) {
+        if self.senders.remove(&id).is_some() {
+            self.engine.abort_by_frontend(id);
+        }
+    }
+
+    /// A step's tokens reach the frontend: each is counted and delivered if its request is
+    /// still listened for, and ignored otherwise (aborted while the step ran).
+    fn deliver(&mut self, tokens: Vec<TokenOut>) {
+        for t in tokens {
+            let id = t.request;
+            let Some((index, tx)) = self.senders.get(&id) else { continue };
+            if tx.is_closed() {
+                // Not reached while `TokenRx` unregisters first; kept so a leak cannot happen.
+                self.abort_by_frontend(id);
+                continue;
+            }
+            let (index, done) = (*index, t.finished.is_some());
+            self.engine.record_output(&t);
+            let _ = tx.send(Token { index, out: t });
+            if done {
+                self.senders.remove(&id);
+            }
+        }
+    }
 }
 
 /// Cheap-to-clone handle shared by the HTTP handlers and the engine task.
@@ -56,11 +174,7 @@ impl Worker {
             id: spec.id,
             model: spec.model.into(),
             dp_rank: spec.dp_rank,
-            inner: Arc::new(Mutex::new(WorkerInner {
-                engine: Engine::new(spec.engine),
-                senders: HashMap::new(),
-                restarts: 0,
-            })),
+            inner: Arc::new(Mutex::new(WorkerInner::new(Engine::new(spec.engine)))),
             notify: Arc::new(Notify::new()),
             next_id: Arc::new(AtomicU64::new(1)),
             started: Instant::now(),
@@ -79,19 +193,25 @@ impl Worker {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// Queue a request; validation errors come back synchronously.
-    pub fn submit(&self, mut req: NewRequest) -> Result<(RequestId, TokenRx), EngineError> {
+    /// Queues a request delivering to `tx` as `index` (see [`Group`]); validation errors come
+    /// back synchronously.
+    fn submit(&self, mut req: NewRequest, index: usize, tx: mpsc::UnboundedSender<Token>) -> Result<RequestId, EngineError> {
         req.id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let id = req.id;
-        let (tx, rx) = mpsc::unbounded_channel();
         {
             let mut inner = self.inner.lock();
             let now = self.now();
             inner.engine.add_request(req, now)?;
-            inner.senders.insert(id, tx);
+            inner.senders.insert(id, (index, tx));
         }
         self.notify.notify_one();
-        Ok((id, rx))
+        Ok(id)
+    }
+
+    /// The frontend gave up on request `id` (client gone, cancel); see
+    /// [`WorkerInner::abort_by_frontend`].
+    pub fn abort_by_frontend(&self, id: RequestId) {
+        self.inner.lock().abort_by_frontend(id);
     }
 
     /// Simulated engine restart: requests in flight fail, the cache empties, event
@@ -159,20 +279,105 @@ impl Worker {
     }
 
     fn deliver(&self, tokens: Vec<TokenOut>) {
-        let mut inner = self.inner.lock();
-        for t in tokens {
-            let id = t.request;
-            let done = t.finished.is_some();
-            let gone = match inner.senders.get(&id) {
-                Some(tx) => tx.send(t).is_err(),
-                None => true,
-            };
-            if done || gone {
-                inner.senders.remove(&id);
-            }
-            if gone && !done {
-                inner.engine.abort(id);
-            }
+        self.inner.lock().deliver(tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: u64, prompt_len: u32, max_tokens: usize) -> NewRequest {
+        NewRequest { id: RequestId(id), prompt: (0..prompt_len).collect(), max_tokens, ignore_eos: true, cache_salt: None, output: Vec::new() }
+    }
+
+    /// A worker's engine and frontend with request 1 queued and listened for.
+    fn listening(cfg: EngineConfig, prompt_len: u32, max_tokens: usize) -> (WorkerInner, mpsc::UnboundedReceiver<Token>) {
+        let mut w = WorkerInner::new(Engine::new(cfg));
+        let (tx, rx) = mpsc::unbounded_channel();
+        w.engine.add_request(request(1, prompt_len, max_tokens), 0.0).unwrap();
+        w.senders.insert(RequestId(1), (0, tx));
+        (w, rx)
+    }
+
+    #[test]
+    fn an_abort_drops_the_step_in_flight_uncounted_and_frees_the_blocks() {
+        let cfg = EngineConfig::default();
+        let all_free = cfg.num_gpu_blocks - 1;
+        let (mut w, mut rx) = listening(cfg, 100, 10);
+        let out = w.engine.step(0.0);
+        w.deliver(out.tokens);
+        let st = w.engine.stats();
+        assert_eq!((st.prompt_tokens, st.generation_tokens), (100, 1), "the first token counts the prompt");
+        assert!(rx.try_recv().is_ok());
+        // The next step is computed (in flight) when the client goes away.
+        let out = w.engine.step(1.0);
+        assert_eq!(out.tokens.len(), 1);
+        w.abort_by_frontend(RequestId(1));
+        assert_eq!((w.engine.num_running(), w.engine.num_free_blocks()), (0, all_free), "dropped, blocks freed");
+        w.deliver(out.tokens);
+        let st = w.engine.stats();
+        assert_eq!((st.generation_tokens, st.requests_finished, st.requests_aborted), (1, 0, 1), "its output is ignored");
+        assert!(rx.try_recv().is_err());
+        assert!(!w.engine.has_work(), "never scheduled again");
+        w.abort_by_frontend(RequestId(1));
+        assert_eq!(w.engine.stats().requests_aborted, 1, "a second guard finds nothing to abort");
+    }
+
+    #[test]
+    fn a_request_aborted_before_its_first_token_counts_no_prompt_tokens() {
+        // Chunked prefill: the first step computes 64 of 200 prompt tokens, no output yet.
+        let cfg = EngineConfig { max_num_batched_tokens: 64, ..EngineConfig::default() };
+        let (mut w, _rx) = listening(cfg, 200, 10);
+        let out = w.engine.step(0.0);
+        assert!(out.tokens.is_empty() && out.prefill_tokens == 64);
+        w.abort_by_frontend(RequestId(1));
+        let st = w.engine.stats();
+        assert_eq!((st.prompt_tokens, st.generation_tokens, st.requests_aborted), (0, 0, 1), "vLLM counts the prompt at the first output");
+        assert!(st.prefix_cache_queries > 0, "the scheduler's counters did count the admission");
+    }
+
+    #[test]
+    fn a_finished_request_is_not_aborted() {
+        let (mut w, mut rx) = listening(EngineConfig::default(), 20, 1);
+        let out = w.engine.step(0.0);
+        w.deliver(out.tokens);
+        assert!(rx.try_recv().is_ok_and(|t| t.out.finished.is_some()));
+        w.abort_by_frontend(RequestId(1));
+        let st = w.engine.stats();
+        assert_eq!((st.requests_finished, st.requests_aborted, st.generation_tokens), (1, 0, 1));
+    }
+
+    fn spawn(cfg: EngineConfig) -> Worker {
+        Worker::spawn(WorkerSpec { id: WorkerId(0), model: "m".into(), dp_rank: 0, engine: cfg, publisher: None, encoding: EventEncoding::Map })
+    }
+
+    #[tokio::test]
+    async fn dropping_the_receiver_aborts_every_request_of_the_group_at_once() {
+        let w = spawn(EngineConfig::default());
+        let mut group = Group::new();
+        for index in 0..3 {
+            group.submit(&w, index, request(0, 300, 1000)).unwrap();
         }
+        let rx = group.listen();
+        let body = rx.abort_guard();
+        drop(rx);
+        let inner = w.inner.lock();
+        assert_eq!((inner.engine.num_running() + inner.engine.num_waiting(), inner.engine.stats().requests_aborted), (0, 3));
+        assert_eq!(inner.engine.num_free_blocks(), EngineConfig::default().num_gpu_blocks - 1);
+        drop(inner);
+        drop(body);
+        assert_eq!(w.inner.lock().engine.stats().requests_aborted, 3, "the second guard is a no-op");
+    }
+
+    #[tokio::test]
+    async fn a_group_refused_halfway_aborts_what_it_queued() {
+        let w = spawn(EngineConfig::default());
+        let mut group = Group::new();
+        group.submit(&w, 0, request(0, 50, 10)).unwrap();
+        assert_eq!(group.submit(&w, 1, request(0, 0, 10)), Err(EngineError::EmptyPrompt));
+        drop(group);
+        let inner = w.inner.lock();
+        assert_eq!((inner.engine.num_running() + inner.engine.num_waiting(), inner.engine.stats().requests_aborted), (0, 1));
     }
 }

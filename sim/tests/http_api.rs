@@ -54,7 +54,7 @@ async fn completions_usage_metrics_and_errors() {
     let whole_prompt = prefilled["usage"]["input_tokens"].as_u64().unwrap() + prefilled["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
     assert_eq!(counted["input_tokens"].as_u64(), Some(whole_prompt), "{counted} {prefilled}");
     assert_eq!(counted["context_management"]["original_input_tokens"], counted["input_tokens"]);
-    let r = client.post(format!("{w1}/v1/messages/count_tokens")).body(r#"{"messages": "nope"}"#).send().await.unwrap();
+    let r = client.post(format!("{w1}/v1/messages/count_tokens")).body(r#"{"model": "kvroute/sim-27b-fp8", "messages": "nope"}"#).send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.unwrap()["type"], "error", "Anthropic's error shape");
 
@@ -176,12 +176,13 @@ async fn anthropic_messages() {
     let r: Value = post(natural).await.json().await.unwrap();
     assert_eq!(r["stop_reason"], "end_turn", "{r}");
 
-    // Errors in Anthropic's shape.
-    let r = post(json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    // A body failing the request model's validation: vLLM's validation error, OpenAI-shaped.
+    let r = post(json!({"model": cluster.layout[0].model, "messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(r.status().as_u16(), 400, "max_tokens is required");
     let e: Value = r.json().await.unwrap();
-    assert_eq!((e["type"].as_str(), e["error"]["type"].as_str()), (Some("error"), Some("invalid_request_error")), "{e}");
-    assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains("max_tokens")), "{e}");
+    assert_eq!((e["error"]["type"].as_str(), e["error"]["param"].as_str()), (Some("Bad Request"), Some("body.max_tokens")), "{e}");
+    assert!(e["error"]["message"].as_str().is_some_and(|m| m.contains("Field required")), "{e}");
+    // What the handler refuses: Anthropic's shape.
     let r = post(json!({"model": "other", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(r.status().as_u16(), 404);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "not_found_error");

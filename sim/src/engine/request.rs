@@ -37,6 +37,19 @@ pub struct Finished {
     pub e2e_s: f64,
 }
 
+/// What a request's first token tells the frontend's statistics (vLLM's output processor
+/// counts the prompt and the prefill timings on the request's first output).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FirstToken {
+    pub prompt_tokens: usize,
+    /// Engine-clock seconds from arrival to this token.
+    pub ttft_s: f64,
+    /// From arrival to first scheduling.
+    pub queue_s: f64,
+    /// From first scheduling to this token.
+    pub prefill_s: f64,
+}
+
 /// One generated token, delivered at the end of the step that produced it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenOut {
@@ -44,6 +57,8 @@ pub struct TokenOut {
     pub token: u32,
     /// Prompt tokens served from the prefix cache (known once the first token is out).
     pub cached_tokens: usize,
+    /// Set on the request's first token.
+    pub first: Option<FirstToken>,
     pub finished: Option<Finished>,
 }
 

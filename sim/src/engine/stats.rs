@@ -1,6 +1,7 @@
 //! Counters and histograms the engine keeps about itself; `/metrics` renders them, so the
 //! metrics agree with the engine by construction (and tests compare the two).
 
+use super::request::TokenOut;
 use serde::Serialize;
 
 /// vLLM's `TIME_TO_FIRST_TOKEN_BUCKETS`.
@@ -37,16 +38,29 @@ impl Histogram {
     }
 }
 
+/// The scheduler's counters (prefix cache, preemptions, first scheduling) are counted as the
+/// engine schedules; the output counters (prompt and generation tokens, TTFT, queue, prefill
+/// and e2e times, successes) as the frontend receives outputs ([`EngineStats::record_output`]),
+/// where vLLM's output processor counts them: a request aborted by its client counts the
+/// tokens delivered before the abort, not those of the step in flight when it came.
 #[derive(Clone, Debug, Serialize)]
 pub struct EngineStats {
+    /// Prompt tokens of requests that produced their first token (vLLM's
+    /// `vllm:prompt_tokens`: the whole prompt, cached or not, once per request).
     pub prompt_tokens: u64,
+    /// Generated tokens delivered (`vllm:generation_tokens`).
     pub generation_tokens: u64,
     /// Prompt tokens looked up in the prefix cache (vLLM counts per scheduling attempt).
     pub prefix_cache_queries: u64,
     /// Of those, tokens found cached.
     pub prefix_cache_hits: u64,
     pub preemptions: u64,
+    /// Requests that finished (stop or length) with their frontend still listening.
     pub requests_finished: u64,
+    /// Requests the frontend aborted before it saw them finish: the client disconnected or a
+    /// background Responses request was cancelled (vLLM's `AsyncLLM.abort`; vLLM has no
+    /// metric for these).
+    pub requests_aborted: u64,
     /// Prompt tokens of requests at their first scheduling (not again after preemption).
     pub prompt_tokens_first_scheduled: u64,
     /// Of those, tokens hit in the GPU prefix cache.
@@ -73,6 +87,7 @@ impl Default for EngineStats {
             prefix_cache_hits: 0,
             preemptions: 0,
             requests_finished: 0,
+            requests_aborted: 0,
             prompt_tokens_first_scheduled: 0,
             cached_tokens_first_scheduled_gpu: 0,
             cached_tokens_first_scheduled_cpu: 0,
@@ -82,6 +97,25 @@ impl Default for EngineStats {
             e2e: Histogram::new(LATENCY_BUCKETS),
             queue_time: Histogram::new(LATENCY_BUCKETS),
             prefill_time: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl EngineStats {
+    /// One output as vLLM's output processor counts it (`IterationStats.update_from_output`,
+    /// then `update_from_finished_request`): every token is a generation token; the first
+    /// also counts the prompt and the prefill timings; the last the e2e latency and a success.
+    pub fn record_output(&mut self, t: &TokenOut) {
+        self.generation_tokens += 1;
+        if let Some(f) = &t.first {
+            self.prompt_tokens += f.prompt_tokens as u64;
+            self.ttft.observe(f.ttft_s);
+            self.queue_time.observe(f.queue_s);
+            self.prefill_time.observe(f.prefill_s);
+        }
+        if let Some(f) = &t.finished {
+            self.e2e.observe(f.e2e_s);
+            self.requests_finished += 1;
         }
     }
 }

@@ -10,7 +10,7 @@
 use super::hashing::extend_hashes;
 use super::offload::LoadState;
 use super::pool::BlockPool;
-use super::request::{next_token, Finished, Request, TokenOut};
+use super::request::{next_token, Finished, FirstToken, Request, TokenOut};
 use super::{Engine, KvEvent, Medium, StepOutput};
 use crate::ids::BlockId;
 use std::collections::HashSet;
@@ -227,8 +227,6 @@ impl Engine {
         }
     }
 
-    /// Cache statistics of one admission: vLLM's prefix-cache queries (every admission),
-    /// the connector's (never-preempted requests only) and the first-scheduling counters.
     /// Takes waiting request `i` into the pool: its GPU cache hits (touched) plus `new_blocks`
     /// fresh blocks, with `computed` tokens already done (hits, and any loading from CPU).
     fn take_waiting(
@@ -251,7 +249,9 @@ impl Engine {
         Some(req)
     }
 
-        fn record_admission(&mut self, req: &mut Request, local: usize, external: usize) {
+    /// Cache statistics of one admission: vLLM's prefix-cache queries (every admission),
+    /// the connector's (never-preempted requests only) and the first-scheduling counters.
+    fn record_admission(&mut self, req: &mut Request, local: usize, external: usize) {
         let st = &mut self.stats;
         st.prefix_cache_queries += req.tokens.len() as u64;
         st.prefix_cache_hits += local as u64;
@@ -356,7 +356,9 @@ impl Engine {
         self.waiting.push_front(r);
     }
 
-    /// Advance computed tokens, sample where a request caught up, retire finished ones.
+    /// Advance computed tokens, sample where a request caught up, retire finished ones. The
+    /// output statistics are not counted here but when the tokens reach the frontend
+    /// ([`Engine::record_output`]), as vLLM's output processor counts them.
     fn apply(&mut self, sched: &[usize], end: f64) -> Vec<TokenOut> {
         let mut out = Vec::new();
         let mut finished_idx = Vec::new();
@@ -371,15 +373,11 @@ impl Engine {
             }
             let token = next_token(r);
             r.tokens.push(token);
-            self.stats.generation_tokens += 1;
-            if r.first_token.is_none() {
+            let first = r.first_token.is_none().then(|| {
                 r.first_token = Some(end);
                 let started = r.first_scheduled.unwrap_or(r.arrival);
-                self.stats.ttft.observe(end - r.arrival);
-                self.stats.queue_time.observe(started - r.arrival);
-                self.stats.prefill_time.observe(end - started);
-                self.stats.prompt_tokens += r.prompt_len as u64;
-            }
+                FirstToken { prompt_tokens: r.prompt_len, ttft_s: end - r.arrival, queue_s: started - r.arrival, prefill_s: end - started }
+            });
             let cached_tokens = r.cached_tokens.unwrap_or(0);
             let finished = r.finish_reason().map(|reason| Finished {
                 reason,
@@ -389,12 +387,10 @@ impl Engine {
                 ttft_s: r.first_token.unwrap_or(end) - r.arrival,
                 e2e_s: end - r.arrival,
             });
-            if let Some(f) = &finished {
-                self.stats.e2e.observe(f.e2e_s);
-                self.stats.requests_finished += 1;
+            if finished.is_some() {
                 finished_idx.push(i);
             }
-            out.push(TokenOut { request: r.id, token, cached_tokens, finished });
+            out.push(TokenOut { request: r.id, token, cached_tokens, first, finished });
         }
         for i in finished_idx.into_iter().rev() {
             let r = self.running.remove(i);

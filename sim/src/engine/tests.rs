@@ -21,10 +21,20 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
     NewRequest { id: RequestId(id), prompt, max_tokens, ignore_eos: true, cache_salt: None, output: Vec::new() }
 }
 
+/// One step whose outputs all reach a listening frontend, which counts them (the worker
+/// does so when it delivers them).
+fn step(e: &mut Engine, now: f64) -> StepOutput {
+    let out = e.step(now);
+    for t in &out.tokens {
+        e.record_output(t);
+    }
+    out
+}
+
 /// Step until `id` finishes; returns (finish, clock at the end).
 fn run_to_finish(e: &mut Engine, id: u64, mut now: f64) -> (Finished, f64) {
     for _ in 0..10_000 {
-        let out = e.step(now);
+        let out = step(e, now);
         now += out.duration_s;
         if let Some(f) = out.tokens.iter().find(|t| t.request.0 == id).and_then(|t| t.finished.clone()) {
             return (f, now);
@@ -63,7 +73,7 @@ fn block_aligned_prompt_recomputes_last_block_like_vllm() {
 fn ttft_is_prefill_of_uncached_tokens_plus_queue() {
     let mut e = Engine::new(cfg());
     e.add_request(req(1, (0..200).collect(), 1), 0.0).unwrap();
-    let out = e.step(0.0);
+    let out = step(&mut e, 0.0);
     // one sequence, 200 prefill tokens: 0.01 + 0.2 + 0.002
     assert!((out.duration_s - 0.212).abs() < 1e-9);
     let t = &out.tokens[0];
@@ -74,14 +84,14 @@ fn ttft_is_prefill_of_uncached_tokens_plus_queue() {
 fn chunked_prefill_respects_token_budget_and_itl_grows_with_batch() {
     let mut e = Engine::new(cfg());
     e.add_request(req(1, (0..600).collect(), 10), 0.0).unwrap();
-    let steps: Vec<usize> = (0..3).map(|_| e.step(0.0).prefill_tokens).collect();
+    let steps: Vec<usize> = (0..3).map(|_| step(&mut e, 0.0).prefill_tokens).collect();
     assert_eq!(steps, vec![256, 256, 88]);
-    let d1 = e.step(0.0).duration_s;
+    let d1 = step(&mut e, 0.0).duration_s;
     for i in 2..6 {
         e.add_request(req(i, vec![i as u32 * 1000; 10], 50), 0.0).unwrap();
     }
-    e.step(0.0); // prefill of the four short ones
-    let d5 = e.step(0.0).duration_s;
+    step(&mut e, 0.0); // prefill of the four short ones
+    let d5 = step(&mut e, 0.0).duration_s;
     assert_eq!(e.num_running(), 5);
     assert!(d5 > d1);
 }
@@ -107,7 +117,7 @@ fn eviction_is_lru_of_unpinned_blocks() {
     // A 4-block request must evict request 2's blocks (the LRU ones), not 1's or 3's.
     let before = e.cached_hashes();
     e.add_request(req(5, vec![9; 49], 1), now).unwrap();
-    let out = e.step(now);
+    let out = step(&mut e, now);
     let removed: Vec<_> = out
         .events
         .iter()
@@ -132,7 +142,7 @@ fn running_blocks_are_pinned_and_memory_pressure_preempts() {
     let mut now = 0.0;
     let mut done = 0;
     for _ in 0..500 {
-        let out = e.step(now);
+        let out = step(&mut e, now);
         now += out.duration_s;
         done += out.tokens.iter().filter(|t| t.finished.is_some()).count();
         if done == 2 {
@@ -188,7 +198,7 @@ fn drain(e: &mut Engine, mut now: f64, events: &mut Vec<KvEvent>) -> f64 {
         if !e.has_work() {
             return now;
         }
-        let out = e.step(now);
+        let out = step(e, now);
         now += out.duration_s;
         events.extend(out.events);
     }
@@ -203,7 +213,7 @@ fn run(e: &mut Engine, id: u64, prompt: Vec<u32>, max_tokens: usize, now: f64, e
         if !e.has_work() {
             break;
         }
-        let out = e.step(t);
+        let out = step(e, t);
         t += out.duration_s;
         events.extend(out.events);
         if let Some(f) = out.tokens.iter().find(|x| x.request.0 == id).and_then(|x| x.finished.clone()) {
@@ -345,11 +355,11 @@ fn a_whole_block_aligned_prompt_loads_every_block_and_recomputes_the_last_token(
     let (_, now) = run(&mut e, 1, p.clone(), 1, 0.0, &mut ev);
     let (_, now) = run(&mut e, 2, (5000..5120).collect(), 1, now, &mut ev);
     e.add_request(req(3, p, 1), now).unwrap();
-    let load = e.step(now);
+    let load = step(&mut e, now);
     assert_eq!((load.prefill_tokens, e.num_waiting(), e.num_running()), (0, 1, 0), "loading, counted as waiting");
     let mut t = now + load.duration_s;
     let out = loop {
-        let out = e.step(t);
+        let out = step(&mut e, t);
         t += out.duration_s;
         if out.batch_size > 0 {
             break out;
@@ -419,7 +429,7 @@ fn a_pending_store_defers_a_lookup_and_the_reset_can_empty_the_cpu_tier() {
     let mut ev = Vec::new();
     let p: Vec<u32> = (0..100).collect();
     e.add_request(req(1, p.clone(), 1), 0.0).unwrap();
-    let out = e.step(0.0); // prefill + finish; the store starts with the next step
+    let out = step(&mut e, 0.0); // prefill + finish; the store starts with the next step
     assert!(out.tokens[0].finished.is_some());
     assert!(e.has_work(), "stores in flight keep the engine stepping");
     let now = drain(&mut e, out.duration_s, &mut ev);

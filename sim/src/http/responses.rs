@@ -21,8 +21,10 @@ mod store;
 
 pub use store::{ResponseStore, DEFAULT_CAPACITY};
 
-use super::error::{parse_json, ApiError};
-use super::openai::{check_model, max_tokens, start};
+use super::error::{parse_json, request_validation, ApiError, FieldError};
+use super::limits::{self, PromptForm, Requested};
+use super::openai::{check_model, start, Generate};
+use super::stream::guarded_body;
 use super::AppState;
 use crate::engine::{FinishReason, Finished};
 use crate::worker::TokenRx;
@@ -106,11 +108,7 @@ fn not_found(id: &str) -> ApiError {
 /// A request without `input`: pydantic's missing-field error through vLLM's validation
 /// handler (type `Bad Request`, `param` the cleaned location).
 fn missing_input(body: &Map<String, Value>) -> ApiError {
-    let message = format!(
-        "1 validation error:\n  {{'type': 'missing', 'loc': 'body.input', 'msg': 'Field required', 'input': '<dict of {} items>'}}",
-        body.len()
-    );
-    ApiError::Typed { status: StatusCode::BAD_REQUEST, kind: "Bad Request", message, param: Some("body.input") }
+    request_validation(&[FieldError::missing("body.input", body.len())])
 }
 
 /// Request fields (or their sampling parameters) the response echoes, in pydantic's order,
@@ -272,6 +270,7 @@ async fn generate(turn: &Turn, mut rx: TokenRx, em: &mut Emitter) -> Outcome {
     let item_id = format!("msg_{}", random_uuid());
     let (mut text, mut ids, mut opened) = (String::new(), Vec::new(), false);
     while let Some(t) = rx.recv().await {
+        let t = t.out;
         let piece = turn.piece(ids.len()).to_string();
         ids.push(t.token);
         if em.streaming() && !piece.is_empty() {
@@ -456,17 +455,24 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
         .map_err(ApiError::Chat)?;
     let messages = chat.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
     let chat_body = Value::Object(chat).to_string();
-    let prompt = state.tokenizer.encode_chat(&chat_body, Api::ChatCompletions)?;
     let cfg = state.worker.config();
+    // `max_output_tokens` is the limit (a `max_tokens` field is not one of the request's and
+    // is ignored); with none, the rest of the context.
+    let requested = Requested { value: req.max_output_tokens, param: "max_output_tokens" };
+    limits::check_requested(requested, cfg.max_model_len)?;
+    let prompt = state.tokenizer.encode_chat(&chat_body, Api::ChatCompletions)?;
+    limits::check_prompt(prompt.len(), cfg.max_model_len, PromptForm::Text)?;
     if prompt.len() >= cfg.max_model_len {
         let message = format!("The engine prompt length {} exceeds the max_model_len {}. Please reduce prompt.", prompt.len(), cfg.max_model_len);
         return Err(ApiError::invalid(StatusCode::BAD_REQUEST, message, "input"));
     }
-    let room = cfg.max_model_len - prompt.len();
-    let max = max_tokens(req.max_output_tokens, room)?.min(room);
+    let max = limits::max_tokens(requested.value, prompt.len(), cfg.max_model_len);
+    // No `n`: the engine always gets one sequence.
+    let (_, max) = limits::sampling(1, max, req.temperature)?;
     let raw_prompt = if req.enable_response_messages { Some((state.tokenizer.render_chat(&chat_body, Api::ChatCompletions)?, prompt.clone())) } else { None };
 
-    let started = start(&state, &headers, prompt, max, req.ignore_eos, req.cache_salt.clone())?;
+    let plan = Generate { prompts: vec![(prompt, max)], n: 1, ignore_eos: req.ignore_eos, cache_salt: req.cache_salt.clone() };
+    let mut started = start(&state, &headers, plan)?;
     let echo = echo(&req, tool_choice, background, max);
     let turn = Turn {
         id: req.request_id.clone().unwrap_or_else(|| format!("resp_{}", random_uuid())),
@@ -475,7 +481,7 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
         echo,
         block_size: cfg.block_size,
         raw_prompt,
-        pieces: started.answer.pieces,
+        pieces: std::mem::take(&mut started.answers[0].pieces),
     };
     let rank = HeaderValue::from(started.dp_rank);
     let rx = started.rx;
@@ -509,6 +515,9 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
     } else if stream {
         let (tx, out) = tokio::sync::mpsc::unbounded_channel();
         let responses = state.responses.clone();
+        // The body stands for the client: dropped (the client went away), it aborts the
+        // generation at once. A background stream's body (above) does not: vLLM runs it detached.
+        let abort = rx.abort_guard();
         tokio::spawn(async move {
             let mut em = Emitter { seq: 0, sink: Sink::Client(tx) };
             if let Outcome::Done(r) = generate(&turn, rx, &mut em).await {
@@ -518,7 +527,7 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
                 finish_stream(&mut em, &r);
             }
         });
-        sse(UnboundedReceiverStream::new(out))
+        ([(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")], guarded_body(UnboundedReceiverStream::new(out), abort)).into_response()
     } else {
         let mut em = Emitter { seq: 0, sink: Sink::None };
         match generate(&turn, rx, &mut em).await {
