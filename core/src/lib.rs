@@ -34,6 +34,8 @@ pub mod wire {
                 DegradedReason::DegradedBlockSizeMismatch => "block_size_mismatch",
                 DegradedReason::DegradedStateUnavailable => "state_unavailable",
                 DegradedReason::DegradedResponseOwnerGone => "response_owner_gone",
+                DegradedReason::DegradedResponseNotFound => "response_not_found",
+                DegradedReason::DegradedUnreadBody => "unread_body",
             }
         }
     }

@@ -3,11 +3,19 @@
 //! Understood bodies:
 //! - OpenAI `/v1/completions`: `prompt` as a string, a list of strings, a token-id array or a
 //!   list of token-id arrays. A batch is routed by its first prompt (vLLM serves a batch on one
-//!   engine, so the first prompt's prefix is as good a hint as any).
+//!   engine, so the first prompt's prefix is as good a hint as any) and counted whole in its
+//!   [`Work`].
 //! - OpenAI `/v1/chat/completions`: `messages` with string or multi-part content, `tools`.
 //! - Anthropic `/v1/messages`: `system` (string or blocks) and `messages` with content blocks.
 //! - OpenAI `/v1/responses`: `input` (a string or items), `instructions`, `tools`,
 //!   `previous_response_id` (the stored conversation it continues, on the worker that stored it).
+//!
+//! A missing, null or empty `model` is the engine's first served model (vLLM serves it: only
+//! the Anthropic API requires the field), so such a request is read, routed and charged like
+//! any other. Only the fields the router reads are parsed; every other field, at any depth, is
+//! only checked to be JSON, without building it and without recursion (a field nested
+//! thousands of levels deep costs what its bytes cost). What the request asks the engine to
+//! generate is read by the rules vLLM applies ([`work`]).
 //!
 //! Chat prompts cannot be keyed exactly without the model's tokenizer and chat template, which
 //! the state service owns; for those this module keeps the JSON the template needs
@@ -18,6 +26,10 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+
+mod work;
+
+pub use work::{Work, COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_N};
 
 /// Which API a request was sent to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -74,10 +86,12 @@ pub enum Prompt {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PromptRequest {
     pub api: Api,
+    /// Empty: the engine's first served model (the field was missing, null or empty).
     pub model: String,
     pub prompt: Prompt,
     pub stream: bool,
-    pub max_tokens: Option<u32>,
+    /// What the engine will generate: output limit, sequences, batch, background.
+    pub work: Work,
     /// vLLM's `cache_salt`: requests with different salts never share cache.
     pub cache_salt: String,
     /// Responses API: the stored response this request continues (its worker holds it).
@@ -161,9 +175,11 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
             }
         } else if is_prompt {
             raw_prompt = Some(RawPrompt { raw, tokens });
-        } else {
+        } else if READ_FIELDS.contains(&name.as_ref()) {
             let value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
             obj.insert(name.into_owned(), value);
+        } else if !scan::is_json_value(raw) {
+            return Err(ParseError::NotJson(format!("field `{name}` is not JSON")));
         }
     }
     // The prompt is read last: when something else is wrong first, a prompt that is not JSON
@@ -176,6 +192,30 @@ pub fn parse(api: Api, body: &[u8]) -> Result<PromptRequest, ParseError> {
         _ => e,
     })
 }
+
+/// The top-level fields the router reads (a completion's `prompt` aside); any other field is
+/// only checked to be JSON.
+const READ_FIELDS: [&str; 19] = [
+    "model",
+    "messages",
+    "input",
+    "instructions",
+    "tools",
+    "system",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n",
+    "cache_salt",
+    "previous_response_id",
+    "background",
+    "store",
+];
 
 /// A top-level field: key, raw value, and its token ids when the scan read them.
 type RawField<'a> = (Cow<'a, str>, &'a [u8], Option<Vec<u32>>);
@@ -190,25 +230,30 @@ struct RawPrompt<'a> {
 /// The request in a body's top-level fields (`raw_prompt`: a completion's unparsed `prompt`).
 fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<RawPrompt>) -> Result<PromptRequest, ParseError> {
     let model = match obj.get("model") {
-        Some(Value::String(m)) => m.clone(),
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        // Anthropic's API requires it (vLLM answers 400 "Model is required"); the others
+        // serve the first model.
+        Some(Value::String(_)) | Some(Value::Null) | None if api == Api::Messages => return Err(ParseError::Missing("model")),
+        Some(Value::String(_)) | Some(Value::Null) | None => String::new(),
         Some(_) => return Err(invalid("model", "must be a string")),
-        None => return Err(ParseError::Missing("model")),
     };
-    let prompt = match api {
+    let (prompt, batch) = match api {
         Api::Completions => completion_prompt(raw_prompt)?,
-        Api::ChatCompletions | Api::Messages => chat_prompt(api, obj)?,
-        Api::Responses => responses_prompt(obj)?,
+        Api::ChatCompletions | Api::Messages => (chat_prompt(api, obj)?, Batch::default()),
+        Api::Responses => (responses_prompt(obj)?, Batch::default()),
     };
     let stream = match obj.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(invalid("stream", "must be a boolean")),
     };
-    let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|f| obj.get(*f).filter(|v| !v.is_null()))
-        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or(invalid("max_tokens", "must be a non-negative integer")))
-        .transpose()?;
+    let work = Work {
+        max_tokens: work::max_tokens(api, obj)?,
+        n: work::n(api, obj)?,
+        prompts: batch.prompts,
+        extra_prompt_tokens: batch.extra_tokens,
+        background: work::background(api, obj)?,
+    };
     let cache_salt = match obj.get("cache_salt") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -223,7 +268,7 @@ fn request(api: Api, obj: &Map<String, Value>, raw_prompt: Option<RawPrompt>) ->
     };
     let include_usage = obj.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
     let stream_usage = stream && (include_usage || matches!(api, Api::Messages | Api::Responses));
-    Ok(PromptRequest { api, model, prompt, stream, max_tokens, cache_salt, previous_response_id, stream_usage })
+    Ok(PromptRequest { api, model, prompt, stream, work, cache_salt, previous_response_id, stream_usage })
 }
 
 /// Why a body is not a JSON object: not JSON at all, or JSON of another shape.
@@ -241,23 +286,57 @@ fn is_json(bytes: &[u8]) -> bool {
     serde_json::from_slice::<&RawValue>(bytes).is_ok()
 }
 
-fn completion_prompt(raw: Option<RawPrompt>) -> Result<Prompt, ParseError> {
+/// A completions batch beyond its first prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Batch {
+    prompts: u32,
+    /// At least the tokens of the prompts after the first (text: one per byte).
+    extra_tokens: u32,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch { prompts: 1, extra_tokens: 0 }
+    }
+}
+
+impl Batch {
+    fn of(items: &[Value], tokens: impl Fn(&Value) -> usize) -> Batch {
+        let extra = items.iter().skip(1).map(tokens).fold(0u32, |sum, n| sum.saturating_add(u32::try_from(n).unwrap_or(u32::MAX)));
+        Batch { prompts: u32::try_from(items.len()).unwrap_or(u32::MAX), extra_tokens: extra }
+    }
+}
+
+fn completion_prompt(raw: Option<RawPrompt>) -> Result<(Prompt, Batch), ParseError> {
     let RawPrompt { raw, tokens } = raw.ok_or(ParseError::Missing("prompt"))?;
     // The common case for exact routing: a flat array of token ids.
     if let Some(ids) = tokens.or_else(|| scan::token_array(raw)) {
-        return Ok(Prompt::Tokens(ids));
+        return Ok((Prompt::Tokens(ids), Batch::default()));
     }
     let prompt: Value = serde_json::from_slice(raw).map_err(|e| ParseError::NotJson(e.to_string()))?;
+    let shape = || invalid("prompt", "must be a string, token ids, or a list of either");
     match &prompt {
-        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::String(s) => Ok((Prompt::Text(s.clone()), Batch::default())),
         Value::Array(items) => match items.first() {
             None => Err(invalid("prompt", "must not be empty")),
-            Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-            Some(Value::Number(_)) => token_ids(items).map(Prompt::Tokens),
-            Some(Value::Array(first)) => token_ids(first).map(Prompt::Tokens),
-            Some(_) => Err(invalid("prompt", "must be a string, token ids, or a list of either")),
+            Some(Value::String(s)) => {
+                let texts = |v: &Value| v.as_str().map_or(0, str::len);
+                if items.iter().any(|v| !v.is_string()) {
+                    return Err(shape());
+                }
+                Ok((Prompt::Text(s.clone()), Batch::of(items, texts)))
+            }
+            Some(Value::Number(_)) => Ok((Prompt::Tokens(token_ids(items)?), Batch::default())),
+            Some(Value::Array(first)) => {
+                for item in items.iter().skip(1) {
+                    token_ids(item.as_array().ok_or_else(shape)?)?;
+                }
+                let lists = |v: &Value| v.as_array().map_or(0, Vec::len);
+                Ok((Prompt::Tokens(token_ids(first)?), Batch::of(items, lists)))
+            }
+            Some(_) => Err(shape()),
         },
-        _ => Err(invalid("prompt", "must be a string, token ids, or a list of either")),
+        _ => Err(shape()),
     }
 }
 
@@ -422,7 +501,7 @@ mod tests {
     fn completion_prompt_forms() {
         let r = p(Api::Completions, r#"{"model":"m","prompt":"hi","max_tokens":5,"stream":true}"#).unwrap();
         assert_eq!(r.prompt, Prompt::Text("hi".into()));
-        assert_eq!((r.max_tokens, r.stream), (Some(5), true));
+        assert_eq!((r.work.max_tokens, r.stream), (Some(5), true));
         let r = p(Api::Completions, r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
         assert_eq!(r.prompt, Prompt::Tokens(vec![1, 2, 3]));
         let r = p(Api::Completions, r#"{"model":"m","prompt":[[4,5],[6]]}"#).unwrap();
@@ -462,7 +541,7 @@ mod tests {
               {"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"42"}]}]}"#;
         let r = p(Api::Messages, body).unwrap();
         assert_eq!(r.canonical_text(), "system\nsys\n\nuser\nq\n\nassistant\n{\"a\":1}\n\nuser\n42\n\n");
-        assert_eq!(r.max_tokens, Some(64));
+        assert_eq!(r.work.max_tokens, Some(64));
     }
 
     #[test]
@@ -482,7 +561,7 @@ mod tests {
               {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"}],
             "tools":[{"type":"function","name":"f","parameters":{}}],"store":true}"#;
         let r = p(Api::Responses, body).unwrap();
-        assert_eq!((r.max_tokens, r.stream, r.previous_response_id.as_deref()), (Some(7), true, Some("resp_1")));
+        assert_eq!((r.work.max_tokens, r.stream, r.previous_response_id.as_deref()), (Some(7), true, Some("resp_1")));
         assert_eq!(r.canonical_text(), "system\nbe brief\n\nuser\nhi\n\nfunction_call\n{}\n\nfunction_call_output\n42\n\n");
         let Prompt::Chat { template_input, .. } = r.prompt else { panic!("not chat") };
         let v: Value = serde_json::from_str(&template_input).unwrap();
@@ -500,8 +579,10 @@ mod tests {
     fn errors_name_the_field() {
         assert!(matches!(p(Api::Completions, "{"), Err(ParseError::NotJson(_))));
         assert_eq!(p(Api::Completions, "[]"), Err(ParseError::NotObject));
-        assert_eq!(p(Api::Completions, r#"{"prompt":"x"}"#), Err(ParseError::Missing("model")));
+        assert_eq!(p(Api::Messages, r#"{"messages":[],"max_tokens":1}"#), Err(ParseError::Missing("model")), "Anthropic's API requires it");
+        assert_eq!(p(Api::Messages, r#"{"model":"","messages":[],"max_tokens":1}"#), Err(ParseError::Missing("model")));
         assert_eq!(p(Api::Completions, r#"{"model":"m"}"#), Err(ParseError::Missing("prompt")));
+        assert_eq!(p(Api::Completions, r#"{"model":3,"prompt":"x"}"#).unwrap_err().kind(), "invalid_field");
         assert_eq!(p(Api::Completions, r#"{"model":"m","prompt":[-1]}"#).unwrap_err().kind(), "invalid_field");
         assert_eq!(p(Api::ChatCompletions, r#"{"model":"m","messages":{}}"#).unwrap_err().kind(), "invalid_field");
         assert_eq!(p(Api::ChatCompletions, r#"{"model":"m","messages":[{"content":"x"}]}"#).unwrap_err().kind(), "invalid_field");
@@ -531,7 +612,7 @@ mod tests {
         for body in
             [r#"{"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"max_tokens":1e999,"max_tokens":3,"model":"m","prompt":"a"}"#]
         {
-            assert_eq!(p(Api::Completions, body).map(|r| r.max_tokens), Ok(Some(3)), "{body}");
+            assert_eq!(p(Api::Completions, body).map(|r| r.work.max_tokens), Ok(Some(3)), "{body}");
         }
         for body in [r#"{"model":[1,],"model":"m","prompt":"a"}"#, r#"{"\u0078":0,"model":[1,],"model":"m","prompt":"a"}"#] {
             assert!(matches!(p(Api::Completions, body), Err(ParseError::NotJson(_))), "{body}");
@@ -551,7 +632,7 @@ mod tests {
         for body in [r#"{"moeld":"m","prompt":[[4,$5],[6]]}"#, r#"{"model":1,"prompt":[1,}"#, r#"{"\u0078":0,"moeld":"m","prompt":[[4,$5],[6]]}"#] {
             assert!(matches!(p(Api::Completions, body), Err(ParseError::NotJson(_))), "{body}: {:?}", p(Api::Completions, body));
         }
-        assert_eq!(p(Api::Completions, r#"{"prompt":[1]}"#), Err(ParseError::Missing("model")));
+        assert_eq!(p(Api::Completions, r#"{"prompt":[1]}"#).map(|r| r.model), Ok(String::new()), "the served default model");
     }
 
     /// Found by fuzzing (fuzz/fuzz_targets/request_body.rs): a repeated prompt holding a number
@@ -560,13 +641,37 @@ mod tests {
     #[test]
     fn a_repeated_prompt_may_hold_any_number() {
         for (body, want) in [
-            (r#"{"ml":"m","prompt":42.69E2999253710,"prompt":42.69E2}"#, Err(ParseError::Missing("model"))),
-            (r#"{"\u0078":0,"ml":"m","prompt":42.69E2999253710,"prompt":42.69E2}"#, Err(ParseError::Missing("model"))),
+            (r#"{"ml":"m","prompt":42.69E2999253710,"prompt":42.69E2}"#, Err(invalid("prompt", "must be a string, token ids, or a list of either"))),
+            (r#"{"\u0078":0,"ml":"m","prompt":42.69E2999253710,"prompt":42.69E2}"#, Err(invalid("prompt", "must be a string, token ids, or a list of either"))),
         ] {
             assert_eq!(p(Api::Completions, body), want, "{body}");
         }
         for body in [r#"{"model":"m","prompt":1e999,"prompt":[1]}"#, r#"{"\u0078":0,"model":"m","prompt":1e999,"prompt":[1]}"#] {
             assert_eq!(p(Api::Completions, body).map(|r| r.prompt), Ok(Prompt::Tokens(vec![1])), "{body}");
         }
+    }
+
+    /// What the engine reads, read the same way: no model is the served default, fields
+    /// nobody reads may nest to any depth, a batch and `n` count whole.
+    #[test]
+    fn reads_what_the_engine_reads() {
+        for body in [r#"{"prompt":"x"}"#, r#"{"model":null,"prompt":"x"}"#, r#"{"model":"","prompt":"x"}"#] {
+            assert_eq!(p(Api::Completions, body).map(|r| r.model), Ok(String::new()), "{body}");
+        }
+        let deep = format!("{}1{}", "[".repeat(150), "]".repeat(150));
+        for body in [format!(r#"{{"model":"m","prompt":[1,2],"x":{deep}}}"#), format!(r#"{{"\u0078":0,"model":"m","prompt":[1,2],"y":{deep}}}"#)] {
+            assert_eq!(p(Api::Completions, &body).map(|r| r.prompt), Ok(Prompt::Tokens(vec![1, 2])), "an ignored field 150 levels deep");
+        }
+        let very_deep = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"q"}}],"metadata":{}1{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        assert!(p(Api::ChatCompletions, &very_deep).is_ok());
+        let batch = p(Api::Completions, r#"{"model":"m","prompt":["ab","cde","f"],"n":2}"#).unwrap();
+        assert_eq!((batch.work.prompts, batch.work.extra_prompt_tokens, batch.work.sequences()), (3, 4, 6));
+        let ids = p(Api::Completions, r#"{"model":"m","prompt":[[1,2],[3],[4,5,6]]}"#).unwrap();
+        assert_eq!((ids.prompt, ids.work.prompts, ids.work.extra_prompt_tokens), (Prompt::Tokens(vec![1, 2]), 3, 4));
+        assert_eq!(p(Api::Completions, r#"{"model":"m","prompt":["a",[1]]}"#).unwrap_err().kind(), "invalid_field");
+        let chat = p(Api::ChatCompletions, r#"{"model":"m","messages":[],"max_tokens":1,"max_completion_tokens":1500,"n":3}"#).unwrap();
+        assert_eq!((chat.work.max_tokens, chat.work.sequences()), (Some(1500), 3));
+        let resp = p(Api::Responses, r#"{"model":"m","input":"x","max_tokens":1,"background":true,"store":true}"#).unwrap();
+        assert_eq!((resp.work.max_tokens, resp.work.background), (None, true));
     }
 }

@@ -6,7 +6,7 @@ pub mod degraded_reason {
     use crate::wire::DegradedReason;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    const ALL: [DegradedReason; 7] = [
+    const ALL: [DegradedReason; 9] = [
         DegradedReason::DegradedNone,
         DegradedReason::DegradedTokenizerUnavailable,
         DegradedReason::DegradedUnknownModel,
@@ -14,6 +14,8 @@ pub mod degraded_reason {
         DegradedReason::DegradedBlockSizeMismatch,
         DegradedReason::DegradedStateUnavailable,
         DegradedReason::DegradedResponseOwnerGone,
+        DegradedReason::DegradedResponseNotFound,
+        DegradedReason::DegradedUnreadBody,
     ];
 
     pub fn serialize<S: Serializer>(value: &i32, s: S) -> Result<S::Ok, S::Error> {

@@ -3,6 +3,8 @@
 //! `{"state_cluster": "kvroute_state"}`. Unknown fields are rejected: a typo in a deployment
 //! config should stop the plugin from loading (Envoy logs why) rather than silently do nothing.
 
+pub mod admission;
+
 use kvroute_core::request::Api;
 use kvroute_core::targets;
 use serde::Deserialize;
@@ -61,6 +63,7 @@ pub struct RawConfig {
     pub state_token_env: Option<String>,
     pub route_variable: Option<String>,
     pub stream_usage: StreamUsage,
+    pub admission: admission::Admission,
 }
 
 /// Which streamed responses carry a usage event the filter must read.
@@ -116,6 +119,7 @@ impl Default for RawConfig {
             state_token_env: None,
             route_variable: None,
             stream_usage: StreamUsage::Requested,
+            admission: admission::Admission::default(),
         }
     }
 }
@@ -176,6 +180,9 @@ pub struct Config {
     /// `clear_route_cache` (an Envoy foreign function, a trap elsewhere) is never called then.
     pub route_variable: Option<String>,
     pub stream_usage: StreamUsage,
+    /// What a request kvroute cannot read or cannot get an answer for is admitted as (see
+    /// `admission.rs`), for every route and per route name.
+    pub admission: admission::Admission,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -309,6 +316,7 @@ impl Config {
             state_token,
             route_variable: raw.route_variable,
             stream_usage: raw.stream_usage,
+            admission: raw.admission,
         })
     }
 

@@ -10,6 +10,7 @@ use crate::decision::{
     build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, upstream_failure, FallbackReason,
     RequestMeta,
 };
+use crate::admission::{OnUnread, Policy};
 use crate::config::Cidr;
 use crate::host;
 use crate::identity::{resolve, Facts};
@@ -17,7 +18,7 @@ use crate::reply::{self, Reply};
 use crate::report::{ResponseTracker, REPORTS_PER_PICK};
 use crate::shared::Shared;
 use kvroute_core::request::{parse, Api};
-use kvroute_core::wire::{DegradedReason, LocateRequest, PickResponse, Report, ReportKind};
+use kvroute_core::wire::{DegradedReason, LocateRequest, PickResponse, Report, ReportKind, UnreadBody};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
@@ -63,6 +64,12 @@ pub struct HttpFilter {
     /// Reports of earlier requests riding along with the pick in flight: put back in the
     /// queue unless its answer confirms them (`PickResponse.reports_applied`).
     carried: Vec<Report>,
+    /// This request's route's admission policy.
+    admission: Policy,
+    /// Why the body could not be read, when the pick in flight is one for an unread body.
+    unread: UnreadBody,
+    /// Request body bytes seen so far.
+    body_bytes: usize,
 }
 
 /// Identity's view of the host, for one request's headers.
@@ -97,6 +104,9 @@ impl HttpFilter {
             previous_response_id: String::new(),
             stream_usage: false,
             carried: Vec::new(),
+            admission: Policy::default(),
+            unread: UnreadBody::UnreadNone,
+            body_bytes: 0,
         }
     }
 
@@ -122,20 +132,45 @@ impl HttpFilter {
         let body = host::buffer(BufferType::HttpRequestBody, 0, body_size).unwrap_or_default();
         let req = match parse(api, &body) {
             Ok(r) => r,
-            Err(e) => {
-                self.fall_back(FallbackReason::Unparsable, &format!(": {e}"));
-                return Action::Continue;
-            }
+            Err(e) => return self.unreadable(api, UnreadBody::UnreadUnparsable, body_size, &e.to_string()),
         };
         self.streaming = req.stream;
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
         self.stream_usage = req.stream_usage || c.stream_usage == crate::config::StreamUsage::Always;
         self.meta.assignment_id = self.shared.ids.next();
-        let mut pick = build_pick(c, &req, &self.meta);
+        let pick = build_pick(c, &req, &self.meta);
+        let timeout = if self.previous_response_id.is_empty() { c.pick_timeout } else { c.affinity_timeout };
+        self.dispatch_pick(pick, timeout)
+    }
+
+    /// A body the filter cannot read: refused here (`admission.unread_body = "reject"`), or
+    /// admitted by the state service like any pick and routed by the default upstream. A
+    /// request without a tenant has no budget to protect: it falls back as it always did.
+    fn unreadable(&mut self, api: Api, unread: UnreadBody, body_bytes: usize, detail: &str) -> Action {
+        let reason = crate::admission::fallback_reason(unread);
+        if self.admission.unread_body == OnUnread::Reject {
+            host::increment(self.shared.metrics.unread_rejected);
+            host::log(LogLevel::Info, &format!("kvroute: request {} refused: {}: {detail}", self.meta.request_id, reason.label()));
+            self.phase = Phase::Idle;
+            host::send_reply(&reply::unreadable(Some(api), unread, detail));
+            return Action::Pause;
+        }
+        if self.meta.tenant.is_empty() {
+            self.fall_back(reason, &format!(": {detail}"));
+            return Action::Continue;
+        }
+        self.unread = unread;
+        self.meta.assignment_id = self.shared.ids.next();
+        let pick = crate::admission::unread_pick(&self.meta, api, unread, body_bytes);
+        self.dispatch_pick(pick, self.shared.config.pick_timeout)
+    }
+
+    /// Sends `pick` (with reports riding along) and waits for its answer.
+    fn dispatch_pick(&mut self, mut pick: kvroute_core::wire::PickRequest, timeout: std::time::Duration) -> Action {
+        let c = &self.shared.config;
         pick.reports = self.shared.reports.try_borrow_mut().map(|mut q| q.take(REPORTS_PER_PICK)).unwrap_or_default();
         let encoded = pick.encode_to_vec();
         self.carried = pick.reports;
-        let timeout = if self.previous_response_id.is_empty() { c.pick_timeout } else { c.affinity_timeout };
         let deadline = timeout.as_millis().to_string();
         let mut extra: Vec<(&str, &str)> = vec![("x-kvroute-deadline-ms", deadline.as_str())];
         if !self.meta.request_id.is_empty() {
@@ -149,10 +184,36 @@ impl HttpFilter {
             }
             Err(status) => {
                 self.return_carried();
+                if self.admission.refuses_unanswered(&self.meta) {
+                    self.refuse_unanswered(FallbackReason::DispatchFailed);
+                    return Action::Pause;
+                }
                 self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"));
                 Action::Continue
             }
         }
+    }
+
+    /// The state service gave no answer for a request its route's budgets must admit: 503.
+    fn refuse_unanswered(&mut self, reason: FallbackReason) {
+        self.phase = Phase::Idle;
+        self.cancel_assignment();
+        host::increment(self.shared.metrics.admission_unavailable);
+        host::log(LogLevel::Info, &format!("kvroute: request {} of tenant {} not admitted: {}", self.meta.request_id, self.meta.tenant, reason.label()));
+        host::send_reply(&reply::admission_unavailable(self.api));
+    }
+
+    /// Tracks the response of a request the state service recorded (`assignment_id`), so its
+    /// outcome is reported: a routed one, or one admitted for the default route.
+    fn track(&mut self, assignment_id: u64) {
+        let tail = self.shared.config.response_tail_bytes;
+        let responses = self.api == Some(Api::Responses);
+        self.tracker = Some(
+            ResponseTracker::new(assignment_id, host::now_ms(), tail, self.streaming)
+                .with_tenant(&self.meta.tenant)
+                .capturing_response_id(responses)
+                .without_stream_usage(self.stream_usage),
+        );
     }
 
     /// Applies a pick response: `Ok(Some(reply))` when the tenant's budget rejected the
@@ -176,22 +237,27 @@ impl HttpFilter {
             host::log(LogLevel::Info, &format!("kvroute: request {} of tenant {} rejected: {}", self.meta.request_id, self.meta.tenant, rejection.message));
             return Ok(Some(reply::rejected(self.api, rejection)));
         }
-        if resp.degraded_reason() == DegradedReason::DegradedResponseOwnerGone {
-            // The conversation it continues was stored by a worker that is gone: vLLM's 404.
+        if matches!(resp.degraded_reason(), DegradedReason::DegradedResponseOwnerGone | DegradedReason::DegradedResponseNotFound) {
+            // The conversation it continues was stored by a worker that is gone, or is another
+            // tenant's: vLLM's 404, as if it did not exist.
             return Ok(Some(reply::response_not_found(&self.previous_response_id)));
+        }
+        if self.unread != UnreadBody::UnreadNone || resp.worker_id.is_empty() {
+            // The default route takes it; admitted under a budget, its outcome is reported.
+            if resp.assignment_id != 0 {
+                self.track(resp.assignment_id);
+            }
+            let reason = match self.unread {
+                UnreadBody::UnreadNone => FallbackReason::from_degraded(resp.degraded_reason),
+                unread => crate::admission::fallback_reason(unread),
+            };
+            return Err((reason, format!(": {}", degraded_label(resp.degraded_reason))));
         }
         let route =
             route_from_pick(&self.shared.config, &resp, self.meta.trusted).map_err(|r| (r, format!(": {}", degraded_label(resp.degraded_reason))))?;
         self.apply_route(&route);
         if route.assignment_id != 0 {
-            let tail = self.shared.config.response_tail_bytes;
-            let responses = self.api == Some(Api::Responses);
-            self.tracker = Some(
-                ResponseTracker::new(route.assignment_id, host::now_ms(), tail, self.streaming)
-                    .with_tenant(&self.meta.tenant)
-                    .capturing_response_id(responses)
-                    .without_stream_usage(self.stream_usage),
-            );
+            self.track(route.assignment_id);
         }
         self.decision = Some(route.decision);
         self.address = route.address;
@@ -201,7 +267,8 @@ impl HttpFilter {
     /// A stored response's `GET` / `DELETE` / cancel: asks the state service where it lives.
     fn start_locate(&mut self, response_id: &str) -> Action {
         let c = &self.shared.config;
-        let body = LocateRequest { response_id: response_id.to_string(), request_id: self.meta.request_id.clone() }.encode_to_vec();
+        let body = LocateRequest { response_id: response_id.to_string(), request_id: self.meta.request_id.clone(), tenant: self.meta.tenant.clone() }
+            .encode_to_vec();
         let deadline = c.affinity_timeout.as_millis().to_string();
         match host::post(c, &c.locate_path, &body, c.affinity_timeout, &[("x-kvroute-deadline-ms", deadline.as_str())]) {
             Ok(token) => {
@@ -225,7 +292,7 @@ impl HttpFilter {
         }
         let body = host::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default();
         let resp = PickResponse::decode(body.as_slice()).map_err(|e| (FallbackReason::PickDecode, format!(": {e}")))?;
-        if resp.degraded_reason() == DegradedReason::DegradedResponseOwnerGone {
+        if matches!(resp.degraded_reason(), DegradedReason::DegradedResponseOwnerGone | DegradedReason::DegradedResponseNotFound) {
             return Ok(Some(reply::response_not_found(response_id)));
         }
         if resp.worker_id.is_empty() {
@@ -314,6 +381,9 @@ impl Context for HttpFilter {
             // Answered here: the request goes nowhere.
             Ok(Some(reply)) => return host::send_reply(&reply),
             Ok(None) => {}
+            Err((reason, _)) if crate::admission::unanswered(reason) && self.admission.refuses_unanswered(&self.meta) => {
+                return self.refuse_unanswered(reason);
+            }
             Err((reason, detail)) => self.fall_back(reason, &detail),
         }
         host::resume_request();
@@ -349,11 +419,16 @@ impl HttpContext for HttpFilter {
         if let Some(id) = c.response_id_for_path(&path) {
             let id = id.to_string();
             self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
-            // A stored response is as private as the conversation that made it.
-            if c.identity.required && resolve(&c.identity, &HostFacts { trusted_hop }).is_none() {
-                host::increment(self.shared.metrics.unauthenticated);
-                host::send_reply(&reply::unauthenticated(Some(Api::Responses)));
-                return Action::Pause;
+            // A stored response is as private as the conversation that made it: only its
+            // tenant reaches it.
+            match resolve(&c.identity, &HostFacts { trusted_hop }) {
+                Some((tenant, _source)) => self.meta.tenant = tenant,
+                None if c.identity.required => {
+                    host::increment(self.shared.metrics.unauthenticated);
+                    host::send_reply(&reply::unauthenticated(Some(Api::Responses)));
+                    return Action::Pause;
+                }
+                None => self.meta.tenant = c.identity.default_tenant.clone().unwrap_or_default(),
             }
             return self.start_locate(&id);
         }
@@ -361,6 +436,8 @@ impl HttpContext for HttpFilter {
             return Action::Continue;
         };
         self.api = Some(api);
+        let route = if c.route_variable.is_none() { host::property(&["xds", "route_name"]) } else { None };
+        self.admission = c.admission.policy(route.as_deref());
         host::increment(self.shared.metrics.llm_requests);
         self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
         self.meta.trusted = c.decision_header && c.trusts(peer.as_deref());
@@ -388,36 +465,36 @@ impl HttpContext for HttpFilter {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if matches!(self.phase, Phase::Locating { .. }) {
-            // Held with the headers until the locate answers (Continue would send them on).
+        if matches!(self.phase, Phase::Locating { .. } | Phase::Picking { .. }) {
+            // Held with the headers until the answer (Continue would send them on): a body
+            // too large to read is not forwarded before it is admitted.
             return Action::Pause;
         }
         if self.phase != Phase::Buffering {
             return Action::Continue;
         }
+        self.body_bytes = body_size;
+        let Some(api) = self.api else { return Action::Continue };
         if body_size > self.shared.config.max_body_bytes {
-            self.fall_back(FallbackReason::BodyTooLarge, &format!(": {body_size} bytes"));
-            return Action::Continue;
+            // Not read; the client's Content-Length says how much more is coming.
+            let declared = host::header(MapType::HttpRequestHeaders, "content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+            self.phase = Phase::Idle;
+            return self.unreadable(api, UnreadBody::UnreadTooLarge, body_size.max(declared), &format!("{body_size} bytes or more"));
         }
         if !end_of_stream {
             return Action::Pause;
         }
-        let path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
-        match self.shared.config.api_for_path(&path) {
-            Some(api) => self.start_pick(api, body_size),
-            None => {
-                self.phase = Phase::Idle;
-                Action::Continue
-            }
-        }
+        self.start_pick(api, body_size)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        // A body ending in trailers never had end_of_stream on a data frame: decide now.
-        if self.phase == Phase::Buffering {
-            self.fall_back(FallbackReason::Unparsable, ": request trailers");
+        // A body ending in trailers (HTTP/2) never had end_of_stream on a data frame: it is
+        // complete now, and read like any other.
+        match (&self.phase, self.api) {
+            (Phase::Buffering, Some(api)) => self.start_pick(api, self.body_bytes),
+            (Phase::Picking { .. } | Phase::Locating { .. }, _) => Action::Pause,
+            _ => Action::Continue,
         }
-        Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

@@ -29,6 +29,11 @@ pub struct Metrics {
     pub rejected: Option<u32>,
     /// Requests answered 401: identity required, none verified.
     pub unauthenticated: Option<u32>,
+    /// Unreadable bodies refused (`admission.unread_body = "reject"`).
+    pub unread_rejected: Option<u32>,
+    /// Requests with a tenant answered 503: the state service did not answer and their
+    /// route's budgets must admit them (`admission.state_unavailable = "reject"`).
+    pub admission_unavailable: Option<u32>,
 }
 
 impl Metrics {
@@ -47,6 +52,8 @@ impl Metrics {
             reports_dropped: counter("kvroute_reports_dropped"),
             rejected: counter("kvroute_rejected"),
             unauthenticated: counter("kvroute_unauthenticated"),
+            unread_rejected: counter("kvroute_unread_rejected"),
+            admission_unavailable: counter("kvroute_admission_unavailable"),
         }
     }
 

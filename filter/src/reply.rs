@@ -21,6 +21,8 @@ enum Kind {
     RateLimit,
     Unavailable,
     Unauthenticated,
+    InvalidRequest,
+    TooLarge,
 }
 
 fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u8> {
@@ -30,6 +32,8 @@ fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u
                 Kind::RateLimit => "rate_limit_error",
                 Kind::Unavailable => "api_error",
                 Kind::Unauthenticated => "authentication_error",
+                Kind::InvalidRequest => "invalid_request_error",
+                Kind::TooLarge => "request_too_large",
             };
             json!({ "type": "error", "error": { "type": t, "message": message } })
         }
@@ -38,6 +42,8 @@ fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u
                 Kind::RateLimit => "rate_limit_exceeded",
                 Kind::Unavailable => "budget_unavailable",
                 Kind::Unauthenticated => "invalid_api_key",
+                Kind::InvalidRequest => "invalid_request",
+                Kind::TooLarge => "request_too_large",
             };
             json!({ "error": { "message": message, "type": openai_type, "param": null, "code": code } })
         }
@@ -81,8 +87,33 @@ pub fn unauthenticated(api: Option<Api>) -> Reply {
     }
 }
 
-/// vLLM's own 404 for a stored response nobody holds any more (its worker is gone), exactly as
-/// vLLM's Responses serving writes it.
+/// A body the filter could not read, on a route that refuses those (`admission.unread_body =
+/// "reject"`): 413 for one over `max_body_bytes`, 400 otherwise.
+pub fn unreadable(api: Option<Api>, unread: kvroute_core::wire::UnreadBody, detail: &str) -> Reply {
+    let (status, kind, message) = match unread {
+        kvroute_core::wire::UnreadBody::UnreadTooLarge => (413, Kind::TooLarge, format!("request body too large: {detail}")),
+        _ => (400, Kind::InvalidRequest, format!("request body not understood: {detail}")),
+    };
+    Reply {
+        status,
+        headers: vec![("content-type", "application/json".into())],
+        body: body(api, kind, &message, "invalid_request_error"),
+    }
+}
+
+/// 503 for a request with a tenant that could not be admitted because the state service did
+/// not answer (`admission.state_unavailable = "reject"`): retry in a second.
+pub fn admission_unavailable(api: Option<Api>) -> Reply {
+    let message = "the request could not be admitted: the budget service is unavailable, retry shortly";
+    Reply {
+        status: 503,
+        headers: vec![("content-type", "application/json".into()), ("retry-after", "1".into()), ("retry-after-ms", "1000".into())],
+        body: body(api, Kind::Unavailable, message, "server_error"),
+    }
+}
+
+/// vLLM's own 404 for a stored response nobody holds any more (its worker is gone) or that is
+/// another tenant's, exactly as vLLM's Responses serving writes it for an unknown id.
 pub fn response_not_found(id: &str) -> Reply {
     let body = json!({ "error": { "message": format!("Response with id '{id}' not found."), "type": "invalid_request_error", "param": "response_id", "code": 404 } });
     Reply { status: 404, headers: vec![("content-type", "application/json".into())], body: body.to_string().into_bytes() }
@@ -113,5 +144,11 @@ mod tests {
         assert!(down.headers.contains(&("retry-after", "1".into())), "never Retry-After: 0");
         assert_eq!(parse(&unauthenticated(Some(Api::Messages)))["error"]["type"], "authentication_error");
         assert_eq!(unauthenticated(Some(Api::Completions)).status, 401);
+        let big = unreadable(Some(Api::Messages), kvroute_core::wire::UnreadBody::UnreadTooLarge, "5000000 bytes");
+        assert_eq!((big.status, parse(&big)["error"]["type"].as_str()), (413, Some("request_too_large")));
+        let odd = unreadable(Some(Api::ChatCompletions), kvroute_core::wire::UnreadBody::UnreadUnparsable, "missing field `messages`");
+        assert_eq!((odd.status, parse(&odd)["error"]["type"].as_str()), (400, Some("invalid_request_error")));
+        let down = admission_unavailable(Some(Api::Responses));
+        assert!(down.status == 503 && down.headers.contains(&("retry-after", "1".into())));
     }
 }

@@ -184,6 +184,7 @@ impl ResponseTracker {
             served_by,
             tenant: self.tenant.clone(),
             response_id: self.response_id.clone(),
+            streaming: self.streaming,
             ..Report::default()
         }
     }
@@ -284,6 +285,9 @@ impl ResponseTracker {
         self.done = true;
         let mut r = self.report(ReportKind::ReportCancel, now_ms);
         r.completion_tokens = self.streamed;
+        // The request reached a worker (a tracker exists only once it was forwarded): the
+        // engine may have done its work.
+        r.forwarded = true;
         Some(r)
     }
 }

@@ -1,11 +1,13 @@
 //! The per-worker HTTP surface: OpenAI-compatible endpoints (`openai`; the Responses API with
 //! its per-worker store in `responses`; Anthropic's `messages`), with vLLM's output-limit and
 //! `n` checks in `limits`, vLLM's extra endpoints (`admin`) and the simulator's own
-//! admin/debug endpoints (`simctl`). Every response
+//! admin/debug endpoints (`simctl`); request bodies parse through `body` (JSON nested as deep
+//! as vLLM's Python decoder takes it). Every response
 //! carries `x-sim-worker: <id>` so end-to-end tests know who served a request; generation
 //! responses also carry `x-sim-dp-rank: <r>`, the rank that ran it (see `dp.rs`).
 
 mod admin;
+mod body;
 mod error;
 mod limits;
 mod messages;

@@ -2,7 +2,8 @@
 //! a client that disconnects aborts its engine request (every generation endpoint, streamed
 //! or not; a background Responses request is not aborted); a missing model is the served
 //! one; the output-limit fields and their precedence; `n` choices and prompt lists, each its
-//! own engine request, counted in the worker's metrics.
+//! own engine request, counted in the worker's metrics; bodies nested as deep as Python's
+//! JSON decoder takes them.
 //!
 //! Disconnects are real: a raw loopback socket sends the request and is dropped. Waiting for
 //! an effect polls `/sim/state` (bounded), never a fixed sleep.
@@ -109,7 +110,8 @@ async fn a_queued_request_whose_client_leaves_is_never_scheduled() {
     let client = reqwest::Client::new();
     let w = cluster.layout[0].http.clone();
     let running = send_raw(&w, "/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 5000, "ignore_eos": true})).await;
-    until(&client, &w, "the first request running", |st| st["num_requests_running"] == 1).await;
+    // Running and past its first token, so its prompt is counted before anything is compared.
+    until(&client, &w, "the first request generating", |st| st["num_requests_running"] == 1 && stat(st, "generation_tokens") > 0).await;
     let queued = send_raw(&w, "/v1/completions", &json!({"prompt": (0..500).collect::<Vec<u32>>(), "max_tokens": 5, "ignore_eos": true})).await;
     until(&client, &w, "the second request queued", |st| st["num_requests_waiting"] == 1).await;
     drop(queued);
@@ -323,4 +325,68 @@ async fn n_choices_and_prompt_lists_are_separate_engine_requests() {
     // Responses has no n: one output.
     let (_, r) = post(&client, &w, "/v1/responses", json!({"input": "hi", "n": 3, "max_output_tokens": 4, "ignore_eos": true, "store": false})).await;
     assert_eq!((r["output"].as_array().map(Vec::len), r["usage"]["output_tokens"].as_u64()), (Some(1), Some(4)));
+}
+
+/// `[[...1...]]`, `depth` levels.
+fn nested(depth: usize) -> String {
+    format!("{}1{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// Posts `body` as it is (a deeply nested body is built as text, not as a `Value`).
+async fn post_text(client: &reqwest::Client, http: &str, path: &str, body: String) -> (u16, Value) {
+    let r = client.post(format!("{http}{path}")).header("content-type", "application/json").body(body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// An ignored field nested 150 levels deep (past serde_json's 128) is ignored, as Python's
+/// `json.loads` and pydantic ignore it: every endpoint that takes a body serves the request,
+/// and the engine does (and counts) the same work as without the field. Past 1000 levels
+/// (Python's recursion limit) the body is a 400, and the worker goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignored_fields_nest_as_deep_as_python_parses() {
+    let cluster = start(1, 400).await;
+    let client = reqwest::Client::new();
+    let w = cluster.layout[0].http.clone();
+    let msgs = r#"[{"role": "user", "content": "hi"}]"#;
+    let bodies = [
+        ("/v1/chat/completions", format!(r#"{{"model": "{MODEL}", "messages": {msgs}, "max_tokens": 3, "ignore_eos": true"#)),
+        ("/v1/completions", r#"{"prompt": "hi", "max_tokens": 3, "ignore_eos": true"#.to_string()),
+        ("/v1/responses", r#"{"input": "hi", "max_output_tokens": 3, "ignore_eos": true, "store": false"#.to_string()),
+        ("/v1/messages", format!(r#"{{"model": "{MODEL}", "messages": {msgs}, "max_tokens": 3, "ignore_eos": true"#)),
+        ("/v1/messages/count_tokens", format!(r#"{{"model": "{MODEL}", "messages": {msgs}"#)),
+        ("/tokenize", format!(r#"{{"messages": {msgs}"#)),
+        ("/detokenize", r#"{"tokens": [104, 105]"#.to_string()),
+    ];
+    // What a reply says of the work: prompt and output tokens, or the counted or decoded text.
+    let work = |r: &Value| {
+        let u = &r["usage"];
+        let prompt = u.get("prompt_tokens").or(u.get("input_tokens")).cloned();
+        let output = u.get("completion_tokens").or(u.get("output_tokens")).cloned();
+        (prompt, output, [&r["count"], &r["tokens"], &r["input_tokens"], &r["prompt"]].map(Value::clone))
+    };
+    for (path, head) in &bodies {
+        let (status, plain) = post_text(&client, &w, path, format!("{head}}}")).await;
+        assert_eq!(status, 200, "{path}: {plain}");
+        let before = state(&client, &w).await;
+        for depth in [150, 999] {
+            let (status, r) = post_text(&client, &w, path, format!(r#"{head}, "x_extra": {}}}"#, nested(depth))).await;
+            assert_eq!(status, 200, "{path}, ignored field {depth} deep: {r}");
+            assert_eq!(work(&r), work(&plain), "{path}, ignored field {depth} deep: the same work");
+        }
+        if *path == "/v1/chat/completions" {
+            // Both requests ran on the engine: prompts prefilled, 3 tokens each, counted.
+            let after = state(&client, &w).await;
+            assert_eq!(stat(&after, "generation_tokens") - stat(&before, "generation_tokens"), 6, "{after}");
+            assert_eq!(stat(&after, "requests_finished") - stat(&before, "requests_finished"), 2, "{after}");
+        }
+        let (status, r) = post_text(&client, &w, path, format!(r#"{head}, "x_extra": {}}}"#, nested(5000))).await;
+        assert_eq!(status, 400, "{path}, 5000 deep: {r}");
+        let (error, kind) = if path.starts_with("/v1/messages") { (&r["error"], "invalid_request_error") } else { (&r["error"], "BadRequestError") };
+        assert_eq!(error["type"], kind, "{path}: {r}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.starts_with("invalid request body: maximum recursion depth exceeded"), "{path}: {r}");
+    }
+    // The worker survived all of it.
+    let (status, r) = post_text(&client, &w, bodies[0].0, format!("{}}}", bodies[0].1)).await;
+    assert_eq!(status, 200, "{r}");
 }

@@ -50,6 +50,12 @@ pub struct Assignment {
     pub predicted_cached_tokens: Option<u32>,
     /// The tenant budget the pick reserved under; the completion settles it.
     pub budget: Option<crate::tenancy::Scope>,
+    /// Tokens admission reserved (0 without a budget): what a request abandoned after it was
+    /// forwarded is charged when its real cost cannot be known.
+    pub reserved: u64,
+    /// Responses API `background`: the creation answers at once and the work goes on, so the
+    /// charge is settled from the stored response when it ends.
+    pub background: bool,
 }
 
 /// What a report did.

@@ -36,10 +36,21 @@ impl Config {
         Ok(config)
     }
 
-    /// Loads the file named by `cli` and applies its overrides.
+    /// Loads the file named by `cli` and applies its overrides and the environment's
+    /// credentials, then validates the result once (a file that needs a credential the
+    /// environment supplies is valid).
     pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
+        Config::from_cli_env(cli, |name| std::env::var(name).ok())
+    }
+
+    /// [`Config::from_cli`] reading the environment through `env`.
+    pub fn from_cli_env(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut config = match &cli.config {
-            Some(path) => Config::load(path)?,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse(e.to_string()))?
+            }
             None => Config::default(),
         };
         if let Some(listen) = cli.listen {
@@ -55,11 +66,11 @@ impl Config {
             config.queue_externality = w;
         }
         // Credentials come from the environment or files, never argv (visible to every user).
-        if let Ok(token) = std::env::var("KVROUTE_ADMIN_TOKEN") {
+        if let Some(token) = env("KVROUTE_ADMIN_TOKEN") {
             config.admin_token = Some(token);
             config.admin_token_file = None;
         }
-        if let Ok(token) = std::env::var("KVROUTE_API_TOKEN") {
+        if let Some(token) = env("KVROUTE_API_TOKEN") {
             config.api_token = Some(token);
             config.api_token_file = None;
         }
@@ -117,5 +128,19 @@ mod tests {
         assert_eq!((c.policy, c.affinity_tolerance), (Policy::RoundRobin, 0.1));
         let bad = Cli { affinity_tolerance: Some(1.5), ..Cli::default() };
         assert!(Config::from_cli(&bad).unwrap_err().to_string().contains("affinity_tolerance"));
+    }
+
+    /// Budgets need the API token; the README says it may come from the environment only.
+    #[test]
+    fn budgets_start_with_the_token_from_the_environment() {
+        let path = std::env::temp_dir().join(format!("kvroute-budgets-{}.toml", std::process::id()));
+        std::fs::write(&path, "[tenancy.budgets.team]\ntokens_per_minute = 100\n").unwrap();
+        let cli = Cli { config: Some(path.clone()), ..Cli::default() };
+        let token = "t".repeat(40);
+        let with = Config::from_cli_env(&cli, |k| (k == "KVROUTE_API_TOKEN").then(|| token.clone()));
+        let without = Config::from_cli_env(&cli, |_| None);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(with.expect("the environment's token counts").api_token.as_deref(), Some(token.as_str()));
+        assert!(without.unwrap_err().to_string().contains("api_token"), "still refused without any token");
     }
 }

@@ -478,6 +478,14 @@ impl Fleet {
         ModelView { workers, block_size, known }
     }
 
+    /// The one base model every registered worker serves, if there is exactly one.
+    pub fn only_model(&self) -> Option<String> {
+        let registry = self.registry.read();
+        let mut models = registry.all().into_iter().map(|w| w.config.model.clone());
+        let first = models.next()?;
+        models.all(|m| m == first).then_some(first)
+    }
+
     /// What tokenizing for `model` needs; `None` when no healthy worker serves it (the pick
     /// then falls back without tokenizing).
     pub fn tokenize_target(&self, model: &str) -> Option<TokenizeTarget> {

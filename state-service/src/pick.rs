@@ -3,17 +3,22 @@
 //! [`Picker::pick`] runs five stages, each a submodule, in this order:
 //! 1. [`prompt`]: the prompt as keys: exact block keys (token ids from the filter, or text and
 //!    chat prompts tokenized here within the pick's deadline), else the filter's text chunks;
-//! 2. [`affinity`]: a Responses API continuation is pinned to the worker that stored it;
+//! 2. [`affinity`]: a Responses API continuation is pinned to the worker that stored it (and
+//!    only its tenant reaches it);
 //! 3. [`plan`]: one snapshot of the model's healthy workers, every candidate's match,
 //!    prediction and cost, and the policy's pure choice ([`kvroute_score::choose`]) with this
-//!    pick's own rng;
-//! 4. [`admit`]: the tenant's budget reserves what the chosen placement will cost;
+//!    pick's own rng; or the proxy's default route;
+//! 4. [`admit`]: the tenant's budget reserves what the request will cost, routed or not;
 //! 5. [`commit`]: the assignment is recorded (and shared), the answer built.
 //!
+//! Routing fails open, admission never does. Unknown models, fleets without a healthy worker
+//! and bodies the proxy could not read answer 200 with an empty worker and a degraded reason:
+//! the proxy then uses its default route. But such a request reaches a worker all the same,
+//! so it is admitted and charged like any other (an unread body its stated worst case) and,
+//! when a budget applies, recorded without a worker so its outcome settles the charge.
+//!
 //! The prediction is computed for every policy, so the predicted-vs-actual metric and
-//! calibration work whichever policy a benchmark pass runs. Unknown models and fleets without
-//! a healthy worker answer 200 with an empty worker and a degraded reason: the proxy then uses
-//! its default route, which is the filter's fail-open path anyway.
+//! calibration work whichever policy a benchmark pass runs.
 
 pub mod admit;
 pub mod affinity;
@@ -33,10 +38,10 @@ use crate::store::ResponseDirectory;
 use crate::tenancy::{Admission, Tenants};
 use crate::tokenization::Tokenization;
 use affinity::Target;
+use plan::Plan;
 use kvroute_core::wire::{DegradedReason, LocateRequest, PickRequest, PickResponse, Rejection, TokenizationPath};
 use kvroute_score::{Policy, Selector};
 use parking_lot::RwLock;
-use plan::Plan;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +54,25 @@ pub struct PickConfig {
     pub priors: Priors,
     /// Next-best workers named for the proxy's failover.
     pub fallback_workers: usize,
+    /// The model of a request that names none (else the fleet's only model).
+    pub default_model: Option<String>,
+    /// Admission: each model's context length, the default for the others, and what a
+    /// request without an output limit reserves (`None`: up to the context).
+    pub max_model_len: std::collections::BTreeMap<String, u32>,
+    pub default_max_model_len: u32,
+    pub default_output_tokens: Option<u32>,
+}
+
+impl PickConfig {
+    /// `model`'s context length (prompt plus output of one sequence).
+    pub fn max_model_len(&self, model: &str) -> u32 {
+        self.max_model_len.get(model).copied().unwrap_or(self.default_max_model_len)
+    }
+
+    /// The largest context of any model: the worst case of a request whose model is unknown.
+    pub fn largest_max_model_len(&self) -> u32 {
+        self.max_model_len.values().copied().chain([self.default_max_model_len]).max().unwrap_or(self.default_max_model_len)
+    }
 }
 
 impl From<&Config> for PickConfig {
@@ -59,6 +83,10 @@ impl From<&Config> for PickConfig {
             queue_externality: c.queue_externality,
             priors: c.priors.clone(),
             fallback_workers: c.resilience.fallback_workers,
+            default_model: c.default_model.clone(),
+            max_model_len: c.models.iter().filter_map(|(m, mc)| mc.max_model_len.map(|l| (m.clone(), l))).collect(),
+            default_max_model_len: c.tenancy.max_model_len,
+            default_output_tokens: c.tenancy.default_output_tokens,
         }
     }
 }
@@ -123,19 +151,20 @@ impl Picker {
 
     /// Decides where `req` goes (see the module docs for the stages).
     pub async fn pick(&self, req: &PickRequest, deadline: Deadline) -> PickResponse {
+        let req = &self.with_model(req);
         let policy = self.policy();
         let prompt = self.prompt(policy, req, deadline.tokenize_until).await;
         // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.
         let started = Instant::now();
-        let response = match self.target(req).await {
-            Target::Gone => self.fallback(policy, req, DegradedReason::DegradedResponseOwnerGone),
-            Target::Workers { view, continued } => match self.plan(policy, req, view, prompt, continued) {
-                Plan::Fallback(response) => response,
-                Plan::Chosen(chosen) => match self.admit(req, &chosen).await {
-                    (_, Admission::Rejected(rejection)) => rejected(policy, rejection),
-                    (id, admitted) => self.commit(req, chosen, id, admitted.scope().cloned()),
-                },
-            },
+        let plan = match self.target(req).await {
+            Target::Unread => Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedUnreadBody)),
+            Target::Gone => Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedResponseOwnerGone)),
+            Target::NotFound => Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedResponseNotFound)),
+            Target::Workers { view, continued } => self.plan(policy, req, view, prompt, continued),
+        };
+        let response = match self.admit(req, &plan).await {
+            (_, Admission::Rejected(rejection)) => rejected(policy, rejection),
+            (reservation, admission) => self.commit(req, plan, reservation, admission.scope().cloned()),
         };
         let response = self.finish(policy, started, response);
         if deadline.answer_by.is_some_and(|by| Instant::now() > by) && response.assignment_id != 0 {
@@ -146,9 +175,18 @@ impl Picker {
 
     /// Where a stored Responses API response lives (the proxy's `GET` / `DELETE` / cancel on
     /// `/v1/responses/{id}`): a `PickResponse` naming its worker, no assignment recorded.
+    /// For a request with a tenant, another tenant's response, or one not known here, is not
+    /// found (the proxy answers vLLM's 404).
     pub async fn locate(&self, req: &LocateRequest) -> PickResponse {
         let mut response = PickResponse { policy: "affinity".into(), ..PickResponse::default() };
-        if let Some(owner) = self.owner(&req.response_id, "locate").await {
+        let owner = self.owner(&req.response_id, "locate").await;
+        if owner.as_ref().is_none_or(|o| !o.visible_to(&req.tenant)) && !req.tenant.is_empty() {
+            // Another tenant's, or one not known yet that the default route might reach.
+            self.metrics.count_affinity("locate", "not_found");
+            response.set_degraded_reason(DegradedReason::DegradedResponseNotFound);
+            return response;
+        }
+        if let Some(owner) = owner.filter(|o| o.visible_to(&req.tenant)) {
             match self.fleet.worker(owner.worker.as_str()) {
                 Some(w) => {
                     self.metrics.count_affinity("locate", "routed");
@@ -164,6 +202,19 @@ impl Picker {
         }
         tracing::debug!(request_id = %req.request_id, response = %req.response_id, worker = %response.worker_id, "locate");
         response
+    }
+
+    /// `req` with its model resolved: a request without one is served by the default model
+    /// (`default_model`, else the fleet's only model), as vLLM serves its first model.
+    fn with_model<'a>(&self, req: &'a PickRequest) -> std::borrow::Cow<'a, PickRequest> {
+        if !req.model.is_empty() {
+            return std::borrow::Cow::Borrowed(req);
+        }
+        let model = self.config.default_model.clone().or_else(|| self.fleet.only_model());
+        match model {
+            Some(model) => std::borrow::Cow::Owned(PickRequest { model, ..req.clone() }),
+            None => std::borrow::Cow::Borrowed(req),
+        }
     }
 
     pub fn policy(&self) -> Policy {
@@ -186,7 +237,7 @@ impl Picker {
     fn abandon(&self, id: AssignmentId) {
         if let Some(a) = self.fleet.finish(id, End::Cancelled, tokio::time::Instant::now()) {
             if let Some(scope) = a.budget {
-                self.tenants.settle(scope, id.0, 0);
+                self.tenants.settle(scope, id.0, 0, a.reserved);
             }
         }
         self.metrics.picks_abandoned.inc();

@@ -6,12 +6,14 @@
 //! (expired, or from before a restart) are counted and otherwise ignored: the proxy never
 //! needs an error back.
 
+mod background;
+
 use crate::assign::{Assignment, AssignmentId};
 use crate::fleet::{End, FirstToken, Fleet, Usage};
 use crate::metrics::{Failure, FailureLabels, Registry, ReportKindLabel, ReportLabels, ReportOutcomeLabel};
 use crate::stored::{Owner, Owners};
 use crate::store::ResponseDirectory;
-use crate::tenancy::Tenants;
+use crate::tenancy::{settled_tokens, Ending, Tenants};
 use kvroute_core::wire::{Report, ReportKind, UpstreamFailure};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -26,6 +28,7 @@ pub struct Reporter {
     tenants: Arc<Tenants>,
     owners: Arc<Owners>,
     responses: Arc<dyn ResponseDirectory>,
+    background: background::Background,
     metrics: ReportMetrics,
 }
 
@@ -45,7 +48,8 @@ impl Reporter {
         responses: Arc<dyn ResponseDirectory>,
         registry: &mut Registry,
     ) -> Reporter {
-        Reporter { fleet, tenants, owners, responses, metrics: ReportMetrics::register(registry) }
+        let background = background::Background::new(tenants.clone());
+        Reporter { fleet, tenants, owners, responses, background, metrics: ReportMetrics::register(registry) }
     }
 
     /// Applies reports from a ReportBatch or a pick's `reports`; returns how many it took.
@@ -64,8 +68,8 @@ impl Reporter {
             None => ReportOutcomeLabel::Invalid,
             Some(applied) => {
                 self.observe(report, kind, &applied);
-                self.settle(report, &applied);
                 self.learn_response(report, &applied);
+                self.settle(report, kind, &applied);
                 match applied {
                     Applied::FirstToken(_) | Applied::Freed(_) => ReportOutcomeLabel::Applied,
                     Applied::Duplicate => ReportOutcomeLabel::Duplicate,
@@ -97,20 +101,39 @@ impl Reporter {
     }
 
     /// A finished request's budget reservation is replaced by what it really cost (see
-    /// [`crate::tenancy::settled_tokens`]); its usage is counted for its tenant.
-    fn settle(&self, report: &Report, applied: &Applied) {
+    /// [`crate::tenancy::settled_tokens`]); its usage is counted for its tenant. A background
+    /// response's creation ends at once while the engine goes on: it is settled from the
+    /// stored response when that ends ([`background`]).
+    fn settle(&self, report: &Report, kind: ReportKindLabel, applied: &Applied) {
         let Applied::Freed(a) = applied else { return };
         let tenant = a.budget.as_ref().map_or(report.tenant.as_str(), |s| &*s.tenant);
         self.tenants.count_usage(tenant, report.prompt_tokens, report.cached_tokens.unwrap_or(0), report.completion_tokens);
         let Some(scope) = a.budget.clone() else { return };
-        let tokens = crate::tenancy::settled_tokens(
-            report.prompt_tokens,
-            report.cached_tokens,
-            report.completion_tokens,
-            a.uncached_tokens,
-            a.first_token_at.is_some(),
-        );
-        self.tenants.settle_charged(scope, a.id.0, tokens);
+        let end = Ending {
+            completed: kind == ReportKindLabel::Complete,
+            status: report.status,
+            prompt_tokens: report.prompt_tokens,
+            cached_tokens: report.cached_tokens,
+            completion_tokens: report.completion_tokens,
+            forwarded: report.forwarded,
+            streaming: report.streaming,
+        };
+        let accepted = end.completed && (200..300).contains(&end.status);
+        if a.background && accepted && crate::stored::valid_id(&report.response_id) {
+            if let Some(url) = self.stored_response_url(&report.response_id, a) {
+                self.background.follow(url, scope, a.id.0, a.reserved);
+                return;
+            }
+        }
+        self.tenants.settle_charged(scope, a.id.0, settled_tokens(&end, a.uncached_tokens, a.reserved), a.reserved);
+    }
+
+    /// Where the worker that stored response `id` serves it (`GET /v1/responses/{id}`).
+    fn stored_response_url(&self, id: &str, a: &Assignment) -> Option<String> {
+        let owner = self.owners.get(id, Instant::now()).map_or_else(|| a.worker.clone(), |o| o.worker);
+        let worker = self.fleet.worker(owner.as_str())?;
+        let base = crate::tokenization::worker::base_url(&worker.config)?;
+        Some(format!("{base}/v1/responses/{id}"))
     }
 
     /// A Responses API response was stored by the worker that served it: remember where (for
@@ -133,7 +156,7 @@ impl Reporter {
                 None => return,
             },
         };
-        let owner = Owner { worker, tokens };
+        let owner = Owner { worker, tokens, tenant: report.tenant.clone() };
         self.owners.learn(&report.response_id, owner.clone(), Instant::now());
         self.responses.share_response(&report.response_id, &owner, self.owners.ttl());
     }
@@ -264,6 +287,8 @@ mod tests {
             first_token_at: None,
             predicted_cached_tokens: Some(predicted_cached),
             budget: None,
+            reserved: 0,
+            background: false,
         }
     }
 

@@ -39,23 +39,35 @@ impl Default for ResponsesConfig {
     }
 }
 
-/// The worker that stored a response, and how long its conversation is (prompt + output
-/// tokens: the prefix a follow-up finds cached there).
+/// The worker that stored a response, how long its conversation is (prompt + output tokens:
+/// the prefix a follow-up finds cached there), and the tenant it belongs to: only that tenant
+/// reaches it (another one is answered as if it did not exist).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
     pub worker: WorkerId,
     pub tokens: u32,
+    /// The verified tenant of the request that stored it (empty: a request without one).
+    pub tenant: String,
 }
 
 impl Owner {
-    /// `worker` + U+001F + `tokens`: the value stored in Redis.
+    /// `worker` U+001F `tokens` U+001F `tenant`: the value stored in Redis.
     pub fn encode(&self) -> String {
-        format!("{}\u{1f}{}", self.worker, self.tokens)
+        format!("{}\u{1f}{}\u{1f}{}", self.worker, self.tokens, self.tenant)
     }
 
+    /// A stored value; one from before tenants were kept (two fields) belongs to nobody's
+    /// tenant, so only a request without one reaches it.
     pub fn decode(s: &str) -> Option<Owner> {
-        let (worker, tokens) = s.split_once('\u{1f}')?;
-        Some(Owner { worker: WorkerId::new(worker), tokens: tokens.parse().ok()? })
+        let mut parts = s.splitn(3, '\u{1f}');
+        let (worker, tokens) = (parts.next()?, parts.next()?);
+        let tenant = parts.next().unwrap_or_default();
+        Some(Owner { worker: WorkerId::new(worker), tokens: tokens.parse().ok()?, tenant: tenant.to_string() })
+    }
+
+    /// Whether a request of `tenant` may reach this response.
+    pub fn visible_to(&self, tenant: &str) -> bool {
+        self.tenant == tenant
     }
 }
 
@@ -157,7 +169,7 @@ mod tests {
     use super::*;
 
     fn owner(w: &str, tokens: u32) -> Owner {
-        Owner { worker: WorkerId::new(w), tokens }
+        Owner { worker: WorkerId::new(w), tokens, tenant: "team".into() }
     }
 
     #[tokio::test(start_paused = true)]
@@ -179,6 +191,9 @@ mod tests {
     fn owners_round_trip_and_ids_are_checked() {
         assert_eq!(Owner::decode(&owner("w 1", 7).encode()), Some(owner("w 1", 7)));
         assert_eq!(Owner::decode("junk"), None);
+        let old = Owner::decode("w\u{1f}5").expect("a value from before tenants");
+        assert!(old.visible_to("") && !old.visible_to("team"), "nobody's tenant");
+        assert!(owner("w", 1).visible_to("team") && !owner("w", 1).visible_to("other"));
         assert!(valid_id("resp_0123abcd") && !valid_id("") && !valid_id("a b") && !valid_id("a\"b") && !valid_id(&"x".repeat(129)));
     }
 }

@@ -7,9 +7,11 @@
 //! through the Redis store, local with the memory store.
 
 pub mod ledger;
+pub mod settle;
 pub mod window;
 
 pub use ledger::{Ledger, Limit, Limits, Outcome, Scope, Usage};
+pub use settle::{settled_tokens, Ending};
 
 use crate::metrics::{Registry, TenantLabels, TenantTokenLabels};
 use kvroute_core::wire::{BudgetLimit, Rejection};
@@ -33,8 +35,18 @@ const SEEN_TENANTS: usize = 1024;
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenancyConfig {
-    /// Output tokens reserved for a request without `max_tokens` (settled to what it streamed).
-    pub default_output_tokens: u32,
+    /// Output tokens reserved for a request that sets no output limit. Unset (the default):
+    /// what the engine may generate, up to the model's context length
+    /// (`[models.X].max_model_len`, else `max_model_len`) minus the prompt, so the budget
+    /// holds whatever the request does. A number reserves less; tokens beyond it are charged
+    /// when the request ends, in the window they happen in (a budget can then be overrun by
+    /// the requests already running).
+    pub default_output_tokens: Option<u32>,
+    /// The context length (vLLM's `--max-model-len`) of every model without its own
+    /// `[models.X].max_model_len`: a request without an output limit reserves up to it, and a
+    /// body the proxy could not read is charged it (prompt plus output of one sequence never
+    /// exceed it).
+    pub max_model_len: u32,
     /// When the shared (Redis) ledger cannot be reached: `local` admits against this
     /// replica's share of each budget (budget / `replicas`, counted as degraded); `reject`
     /// answers 503 with Retry-After.
@@ -52,7 +64,8 @@ pub struct TenancyConfig {
 impl Default for TenancyConfig {
     fn default() -> Self {
         TenancyConfig {
-            default_output_tokens: 256,
+            default_output_tokens: None,
+            max_model_len: 32_768,
             when_store_unavailable: WhenUnavailable::Local,
             replicas: 1,
             store_timeout_ms: 20,
@@ -103,6 +116,9 @@ impl TenancyConfig {
         }
         if self.store_timeout_ms == 0 {
             return bad("tenancy.store_timeout_ms".into(), "must be > 0");
+        }
+        if self.max_model_len == 0 {
+            return bad("tenancy.max_model_len".into(), "must be > 0");
         }
         for (tenant, budget) in &self.budgets {
             if tenant != "*" && !valid_tenant(tenant) {
@@ -366,15 +382,17 @@ impl Tenants {
         self.metrics.tokens(&label, "completion", u64::from(completion));
     }
 
-    /// Settles a finished request's reservation at what it really cost, and counts the charge.
-    pub fn settle_charged(&self, scope: Scope, id: u64, tokens: u64) {
+    /// Settles a finished request's reservation of `reserved` at what it really cost,
+    /// `tokens`, and counts the charge.
+    pub fn settle_charged(&self, scope: Scope, id: u64, tokens: u64, reserved: u64) {
         self.metrics.tokens(&self.label(&scope.tenant), "charged", tokens);
-        self.settle(scope, id, tokens);
+        self.settle(scope, id, tokens, reserved);
     }
 
-    /// Settles reservation `id` of `scope` at `tokens` (on every ledger that may hold it).
-    pub fn settle(&self, scope: Scope, id: u64, tokens: u64) {
-        let s = ledger::Settle { scope, id, tokens, window_ms: WINDOW_MS };
+    /// Settles reservation `id` of `scope` (it charged `reserved`) at `tokens`, on every
+    /// ledger that may hold it.
+    pub fn settle(&self, scope: Scope, id: u64, tokens: u64, reserved: u64) {
+        let s = ledger::Settle { scope, id, tokens, reserved, window_ms: WINDOW_MS };
         self.local.settle_now(&s);
         if let Some(shared) = self.shared.clone() {
             tokio::spawn(async move {
@@ -491,20 +509,4 @@ impl Remaining {
             concurrent: l.concurrent_requests.map(|m| m.saturating_sub(u.concurrent)),
         }
     }
-}
-
-/// What a finished request really cost: uncached prompt tokens plus completion tokens.
-/// `prompt` and `cached` from the response's usage where it told them, else the pick's
-/// prediction; a request cancelled before its first token cost nothing that the budget
-/// charges (it never reached a worker, or never got an answer).
-pub fn settled_tokens(prompt: u32, cached: Option<u32>, completion: u32, predicted_uncached: u32, first_token: bool) -> u64 {
-    if !first_token && completion == 0 && prompt == 0 {
-        return 0;
-    }
-    let uncached = match (prompt, cached) {
-        (0, _) => predicted_uncached,
-        (p, Some(c)) => p.saturating_sub(c),
-        (p, None) => predicted_uncached.min(p),
-    };
-    u64::from(uncached) + u64::from(completion)
 }

@@ -71,7 +71,7 @@ fn build(config: Config, tokenizer_dir: Option<PathBuf>) -> (Router, Arc<TestInd
 }
 
 fn build_state(mut config: Config, tokenizer_dir: Option<PathBuf>) -> (App, Arc<TestIndex>) {
-    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir });
+    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir, max_model_len: None });
     // These tests are about exactness, not timing: a cold encoding on a loaded CI machine may
     // take longer than the production deadline (`a_slow_encoding_is_not_waited_for` is about it).
     config.tokenization.deadline_ms = 10_000;
@@ -273,7 +273,7 @@ async fn a_text_prompt_longer_than_the_budget_is_keyed_up_to_a_space_in_it() {
 #[tokio::test]
 async fn a_slow_encoding_is_not_waited_for() {
     let mut config = config(&["a"]);
-    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir: Some(fixture_dir()) });
+    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir: Some(fixture_dir()), max_model_len: None });
     config.tokenization.inline_max_bytes = 0;
     config.tokenization.deadline_ms = 1;
     config.tokenization.worker_fallback = false;

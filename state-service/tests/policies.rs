@@ -214,6 +214,8 @@ fn park(state: &App, id: &str, n: u64) {
             first_token_at: None,
             predicted_cached_tokens: None,
             budget: None,
+            reserved: 0,
+            background: false,
         };
         state.fleet.assign(&assignment, &Arc::from([]), Instant::now());
     }

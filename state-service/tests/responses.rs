@@ -33,7 +33,7 @@ async fn pick(app: &Router, previous: &str, keys: &[u64]) -> PickResponse {
 }
 
 async fn locate(app: &Router, id: &str) -> (StatusCode, Option<PickResponse>) {
-    let req = LocateRequest { response_id: id.into(), request_id: "r".into() };
+    let req = LocateRequest { response_id: id.into(), request_id: "r".into(), ..Default::default() };
     let (status, body) = send(app, Request::post("/v1/locate").header(header::CONTENT_TYPE, "application/x-protobuf").body(req.encode_to_vec().into()).unwrap()).await;
     (status, (status == StatusCode::OK).then(|| PickResponse::decode(&body[..]).unwrap()))
 }

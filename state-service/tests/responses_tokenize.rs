@@ -49,7 +49,7 @@ fn responses_pick(body: &Value) -> (PickRequest, String) {
 }
 
 fn build(mut config: Config, tokenizer_dir: PathBuf) -> (Router, Arc<TestIndex>) {
-    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir: Some(tokenizer_dir) });
+    config.models.insert("m".into(), ModelConfig { block_size: Some(16), tokenizer_dir: Some(tokenizer_dir), max_model_len: None });
     config.tokenization.deadline_ms = 10_000;
     let index = Arc::new(TestIndex::default());
     let state = App::new(config, index.clone()).expect("valid config");

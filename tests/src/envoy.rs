@@ -142,6 +142,7 @@ fn plain_listener(port: u16) -> String {
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: plain
+          use_remote_address: true
           route_config:
             virtual_hosts:
             - name: plain

@@ -11,6 +11,7 @@
 //! - [`redis`], [`replicas`]: `redis-server` shards and several state-service replicas
 //!   (`store = "redis"`), each behind its own Envoy, in front of the same workers.
 //! - [`overhead`]: the request-path overhead benchmarks' state service, prompts and cells.
+//! - [`pki`]: certificates and JWT keys made at test time with openssl.
 //! - [`fake`]: in-process fixtures (a fake state service and fake workers) for testing the
 //!   filter's protocol handling independently of the real services.
 
@@ -22,6 +23,7 @@ pub mod net;
 pub mod nginx;
 pub mod overhead;
 pub mod paths;
+pub mod pki;
 pub mod proc;
 pub mod redis;
 pub mod replicas;

@@ -22,6 +22,8 @@ pub struct ReplicaOptions {
     pub scrape_metrics: bool,
     /// Extra tables for every replica's config (e.g. `[timeouts]`).
     pub tables: String,
+    /// Every Envoy's plugin configuration, over the harness defaults.
+    pub plugin: Value,
 }
 
 /// One replica: the state service and the Envoy that asks it.
@@ -78,7 +80,7 @@ impl ReplicaStack {
                 mode: Mode::Endpoint,
                 worker_ports: (0..opts.workers as u16).map(|i| http_base + i).collect(),
                 state_port: port,
-                plugin: serde_json::json!({}),
+                plugin: opts.plugin.clone(),
             })
             .await?;
             replicas.push(Replica { state, port, envoy });

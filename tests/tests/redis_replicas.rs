@@ -72,6 +72,7 @@ async fn stack() -> Result<ReplicaStack> {
         time_scale: 0.2,
         scrape_metrics: false,
         tables: "\n[timeouts]\nspeculative_ttl_ms = 600000\n".into(),
+        plugin: serde_json::json!({}),
     })
     .await
 }

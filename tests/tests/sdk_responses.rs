@@ -108,7 +108,7 @@ async fn a_stored_conversation_stays_on_its_worker() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_ups_through_another_replica_find_the_worker() -> Result<()> {
-    let stack = ReplicaStack::start(ReplicaOptions { workers: 4, replicas: 2, shards: 2, time_scale: 0.2, scrape_metrics: true, tables: String::new() }).await?;
+    let stack = ReplicaStack::start(ReplicaOptions { workers: 4, replicas: 2, shards: 2, time_scale: 0.2, scrape_metrics: true, tables: String::new(), plugin: serde_json::json!({}) }).await?;
     let (a, b) = (stack.envoy_url(0, ""), stack.envoy_url(1, ""));
     for stream in [false, true] {
         let run = tokio::task::spawn_blocking({

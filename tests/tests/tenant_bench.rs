@@ -158,7 +158,7 @@ async fn shared_budget_two_replicas() -> Result<()> {
     const PROMPT_TOKENS: u64 = 1_000;
     const OUTPUT: u64 = 256;
     let tables = format!("\n[tenancy]\nreplicas = 2\nstore_timeout_ms = 1000\n[tenancy.budgets.team]\ntokens_per_minute = {TENANT_BUDGET}\n");
-    let mut stack = ReplicaStack::start(ReplicaOptions { workers: 2, replicas: 2, shards: 3, time_scale: 0.2, scrape_metrics: false, tables }).await?;
+    let mut stack = ReplicaStack::start(ReplicaOptions { workers: 2, replicas: 2, shards: 3, time_scale: 0.2, scrape_metrics: false, tables, plugin: serde_json::json!({}) }).await?;
     let ids = Arc::new(AtomicU64::new(1));
     // Picks on both replicas from 16 tasks for `secs`; returns (admitted tokens, admitted, rejected).
     let (client, urls) = (stack.client.clone(), [stack.state_url(0, "/v1/pick"), stack.state_url(1, "/v1/pick")]);

@@ -108,6 +108,11 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: llm
+          # The peer address identity and trust decisions read (`source.address`) is the
+          # connection's: a client's X-Forwarded-For never becomes it. Behind a trusted load
+          # balancer keep this and pass identity as a header from that balancer's addresses
+          # (the filter's `header` identity source); see envoy/README.md.
+          use_remote_address: true
           # Client routing headers are removed before route selection and before any filter:
           # even with the Wasm VM trapped (FAIL_OPEN then skips it) a forged override or
           # cluster header never reaches the route or the load balancer. The filter strips

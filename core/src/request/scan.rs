@@ -224,6 +224,139 @@ fn skip_value(b: &[u8], i: usize) -> Option<usize> {
     }
 }
 
+/// Whether `b` is exactly one JSON value (whitespace around it allowed), as serde_json would
+/// accept it: the grammar, string escapes and UTF-8 checked, numbers of any size. Without
+/// recursion: each open array or object costs one byte of an explicit stack, so a value nested
+/// to any depth is checked in time linear in its bytes (serde_json stops at 128 levels).
+pub(super) fn is_json_value(b: &[u8]) -> bool {
+    let mut open: Vec<u8> = Vec::new();
+    let mut i = skip_ws(b, 0);
+    loop {
+        // A value starts at `i`; `next` is where it ends (`None`: it opened a container, and
+        // `i` is where the container's first value starts).
+        let next = match b.get(i) {
+            Some(&c @ (b'{' | b'[')) => {
+                let j = skip_ws(b, i + 1);
+                let close = if c == b'{' { b'}' } else { b']' };
+                if b.get(j) == Some(&close) {
+                    Some(j + 1)
+                } else {
+                    open.push(c);
+                    i = if c == b'{' {
+                        match member(b, j) {
+                            Some(v) => v,
+                            None => return false,
+                        }
+                    } else {
+                        j
+                    };
+                    None
+                }
+            }
+            Some(b'"') => match string_end(b, i) {
+                Some(end) => Some(end),
+                None => return false,
+            },
+            Some(_) => match scalar_end(b, i) {
+                Some(end) => Some(end),
+                None => return false,
+            },
+            None => return false,
+        };
+        let Some(mut end) = next else { continue };
+        // After a value: a comma and the next one, a close, or the end of the input.
+        loop {
+            end = skip_ws(b, end);
+            match (open.last(), b.get(end)) {
+                (None, None) => return true,
+                (Some(b'{'), Some(b',')) => match member(b, skip_ws(b, end + 1)) {
+                    Some(v) => {
+                        i = v;
+                        break;
+                    }
+                    None => return false,
+                },
+                (Some(b'['), Some(b',')) => {
+                    i = skip_ws(b, end + 1);
+                    break;
+                }
+                (Some(b'{'), Some(b'}')) | (Some(b'['), Some(b']')) => {
+                    open.pop();
+                    end += 1;
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// An object member's `"key":` at `i`; where its value starts.
+fn member(b: &[u8], i: usize) -> Option<usize> {
+    expect(b, i, b'"')?;
+    let j = skip_ws(b, string_end(b, i)?);
+    expect(b, j, b':')?;
+    Some(skip_ws(b, j + 1))
+}
+
+/// End (exclusive) of the valid string whose quote is at `i`: escapes as JSON allows them, no
+/// raw control character, UTF-8.
+fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        j = find_any(b, j, [b'"', b'\\']);
+        match b.get(j)? {
+            b'"' => {
+                let text = b.get(i + 1..j)?;
+                if text.iter().any(|&c| c < 0x20) {
+                    return None;
+                }
+                std::str::from_utf8(text).ok()?;
+                return Some(j + 1);
+            }
+            _ => match b.get(j + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => j += 2,
+                b'u' if b.get(j + 2..j + 6)?.iter().all(u8::is_ascii_hexdigit) => j += 6,
+                _ => return None,
+            },
+        }
+    }
+}
+
+/// End (exclusive) of the literal (`true`, `false`, `null`) or number at `i`.
+fn scalar_end(b: &[u8], i: usize) -> Option<usize> {
+    for literal in [&b"true"[..], b"false", b"null"] {
+        if b.get(i..i + literal.len()) == Some(literal) {
+            return Some(i + literal.len());
+        }
+    }
+    let digits = |from: usize| b.get(from..).map_or(0, |r| r.iter().take_while(|c| c.is_ascii_digit()).count());
+    let mut j = i + usize::from(b.get(i) == Some(&b'-'));
+    match (b.get(j), digits(j)) {
+        (Some(b'0'), _) => j += 1,
+        (_, 0) => return None,
+        (_, n) => j += n,
+    }
+    if b.get(j) == Some(&b'.') {
+        let n = digits(j + 1);
+        if n == 0 {
+            return None;
+        }
+        j += 1 + n;
+    }
+    if matches!(b.get(j), Some(b'e' | b'E')) {
+        j += 1;
+        if matches!(b.get(j), Some(b'+' | b'-')) {
+            j += 1;
+        }
+        let n = digits(j);
+        if n == 0 {
+            return None;
+        }
+        j += n;
+    }
+    Some(j)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +390,22 @@ mod tests {
             assert_eq!(token_array(span), None, "{}", String::from_utf8_lossy(span));
         }
         assert_eq!(token_array(b"[4294967295, 0]"), Some(vec![u32::MAX, 0]));
+    }
+
+    #[test]
+    fn json_of_any_depth_is_checked_without_recursion() {
+        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(is_json_value(deep.as_bytes()));
+        let objects = format!("{}{}", r#"{"a":"#.repeat(50_000), "}".repeat(50_000)).replace(r#"{"a":}"#, r#"{"a":{}}"#);
+        assert!(is_json_value(objects.as_bytes()));
+        let unclosed = format!("{}1{}", "[".repeat(1000), "]".repeat(999));
+        assert!(!is_json_value(unclosed.as_bytes()));
+        for ok in [&b" null "[..], b"-0.5e+10", b"\"\\u00e9\\n\"", b"{\"a\":[1,{\"b\":[]}]}", b"[]", b"{}", "\"é\"".as_bytes()] {
+            assert!(is_json_value(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [&b""[..], b"01", b"1.", b"-", b"[1,]", b"{\"a\"}", b"{\"a\":1,}", b"\"\\x\"", b"\"a\x01\"", b"\"\xff\"", b"tru", b"[1]]", b"1 2", b"{1:2}"] {
+            assert!(!is_json_value(bad), "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     fn leaf() -> impl Strategy<Value = Value> {
@@ -330,6 +479,23 @@ mod tests {
             let span = format!("{wrap}[{}]{wrap}", numbers.join(","));
             let expected = serde_json::from_str::<Vec<u32>>(&span).ok().filter(|ids| !ids.is_empty());
             prop_assert_eq!(token_array(span.as_bytes()), expected);
+        }
+
+        /// Any JSON value, in any spacing, is JSON to the checker.
+        #[test]
+        fn every_json_value_is_json(v in value(), pretty in any::<bool>()) {
+            let bytes = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) }.unwrap();
+            prop_assert!(is_json_value(&bytes), "{}", String::from_utf8_lossy(&bytes));
+        }
+
+        /// On any bytes (shallow enough for serde_json), the checker agrees with serde_json.
+        #[test]
+        fn the_checker_agrees_with_serde_json(bytes in proptest::collection::vec(prop_oneof![
+            Just(b'{'), Just(b'}'), Just(b'['), Just(b']'), Just(b'"'), Just(b':'), Just(b','), Just(b' '), Just(b'\\'),
+            Just(b'0'), Just(b'1'), Just(b'-'), Just(b'.'), Just(b'e'), Just(b'u'), Just(b'n'), Just(b'a'), any::<u8>(),
+        ], 0..24)) {
+            let serde = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
+            prop_assert_eq!(is_json_value(&bytes), serde, "{:?}", String::from_utf8_lossy(&bytes));
         }
     }
 }

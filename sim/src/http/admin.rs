@@ -3,8 +3,9 @@
 //! empties the CPU offload tier, as vLLM's connector reset). The simulator's own
 //! endpoints are in `simctl.rs`.
 
-use super::error::{parse_json, ApiError};
-use super::openai::{check_model, utf8};
+use super::body::{parse_json, template_input};
+use super::error::ApiError;
+use super::openai::check_model;
 use super::AppState;
 use crate::metrics::{render, MetricsInput};
 use axum::body::Bytes;
@@ -57,7 +58,7 @@ pub async fn tokenize(State(s): State<AppState>, body: Bytes) -> Result<Json<Val
             if req.continue_final_message == Some(true) && req.add_generation_prompt == Some(true) {
                 return Err(ApiError::BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into()));
             }
-            s.tokenizer.encode_chat(utf8(&body)?, Api::ChatCompletions)?
+            s.tokenizer.encode_chat(&template_input(&body)?, Api::ChatCompletions)?
         }
         _ => return Err(ApiError::BadRequest("give exactly one of `prompt` or `messages`".into())),
     };

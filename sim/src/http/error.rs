@@ -205,11 +205,6 @@ impl ApiError {
     }
 }
 
-/// Parse a JSON body, turning serde's message into a 400.
-pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,10 @@
 //! Anthropic's shape. Only those two fields are validated this way; `messages` errors come
 //! from the converter, Anthropic-shaped.
 
-use super::error::{parse_json, request_validation, summarize_input, ApiError, FieldError};
+use super::body::{parse_json, parse_object, template_input};
+use super::error::{request_validation, summarize_input, ApiError, FieldError};
 use super::limits::{self, PromptForm, Requested};
-use super::openai::{check_model, run, utf8, Generate, Reply};
+use super::openai::{check_model, run, Generate, Reply};
 use super::stream::Kind;
 use super::AppState;
 use axum::body::Bytes;
@@ -67,7 +68,7 @@ fn max_tokens_error(body: &Map<String, Value>) -> Option<FieldError> {
 
 /// The request model's validation (fields in its order); the parsed body when it passes.
 fn validate(body: &[u8], max_tokens_required: bool) -> Result<Map<String, Value>, ApiError> {
-    let raw: Map<String, Value> = parse_json(body)?;
+    let raw = parse_object(body, &["model", "max_tokens"])?;
     let mut errors: Vec<FieldError> = model_error(&raw).into_iter().collect();
     if max_tokens_required {
         errors.extend(max_tokens_error(&raw));
@@ -91,7 +92,7 @@ async fn messages_or_error(state: AppState, headers: HeaderMap, body: Bytes) -> 
     // The chat request it becomes names its limit `max_completion_tokens`.
     let requested = Requested { value: raw.get("max_tokens").and_then(as_int), param: "max_completion_tokens" };
     limits::check_requested(requested, max_model_len)?;
-    let prompt = state.tokenizer.encode_chat(utf8(&body)?, Api::Messages)?;
+    let prompt = state.tokenizer.encode_chat(&template_input(&body)?, Api::Messages)?;
     limits::check_prompt(prompt.len(), max_model_len, PromptForm::Text)?;
     let max = limits::max_tokens(requested.value, prompt.len(), max_model_len);
     let (n, max) = limits::sampling(1, max, req.temperature)?;
@@ -110,7 +111,7 @@ pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Respons
 async fn count_tokens_or_error(state: AppState, body: Bytes) -> Result<Response, ApiError> {
     let raw = validate(&body, false)?;
     check_model(&state, raw.get("model").and_then(Value::as_str))?;
-    let n = state.tokenizer.encode_chat(utf8(&body)?, Api::Messages)?.len();
+    let n = state.tokenizer.encode_chat(&template_input(&body)?, Api::Messages)?.len();
     Ok(axum::Json(serde_json::json!({"input_tokens": n, "context_management": {"original_input_tokens": n}})).into_response())
 }
 

@@ -13,7 +13,8 @@
 //! A missing, null or empty `model` is served by the served model (vLLM's `_is_model_supported`
 //! answers true for it); replies name the served model. Another name is a 404.
 
-use super::error::{parse_json, request_validation, ApiError, FieldError};
+use super::body::{parse_json, template_input};
+use super::error::{request_validation, ApiError, FieldError};
 use super::limits::{self, PromptForm, Requested};
 use super::stream::{collect, sse_response, Kind, Params};
 use super::AppState;
@@ -87,10 +88,6 @@ struct ChatBody {
     cache_salt: Option<String>,
 }
 
-pub(super) fn utf8(body: &[u8]) -> Result<&str, ApiError> {
-    std::str::from_utf8(body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
-}
-
 /// vLLM's `_check_model`: no model (absent, null, empty) is the served one; another is a 404.
 pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
@@ -157,7 +154,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         None => Requested { value: req.max_tokens, param: "max_tokens" },
     };
     limits::check_requested(requested, max_model_len)?;
-    let prompt = state.tokenizer.encode_chat(utf8(&body)?, Api::ChatCompletions)?;
+    let prompt = state.tokenizer.encode_chat(&template_input(&body)?, Api::ChatCompletions)?;
     limits::check_prompt(prompt.len(), max_model_len, PromptForm::Text)?;
     let max = limits::max_tokens(requested.value, prompt.len(), max_model_len);
     let (n, max) = limits::sampling(req.n.unwrap_or(1), max, req.temperature)?;

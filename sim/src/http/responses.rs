@@ -21,7 +21,8 @@ mod store;
 
 pub use store::{ResponseStore, DEFAULT_CAPACITY};
 
-use super::error::{parse_json, request_validation, ApiError, FieldError};
+use super::body::{fields_of, parse_object};
+use super::error::{request_validation, ApiError, FieldError};
 use super::limits::{self, PromptForm, Requested};
 use super::openai::{check_model, start, Generate};
 use super::stream::guarded_body;
@@ -420,7 +421,8 @@ fn echo(req: &ResponsesBody, tool_choice: Value, background: bool, max_tokens: u
 }
 
 pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let raw: Map<String, Value> = parse_json(&body)?;
+    // What the renderer reads besides the request's fields: `chat_template_kwargs`.
+    let raw = parse_object(&body, &[fields_of::<ResponsesBody>(), &["chat_template_kwargs"]].concat())?;
     let req: ResponsesBody = serde_json::from_value(Value::Object(raw.clone())).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))?;
     if req.input.is_none() {
         return Err(missing_input(&raw));

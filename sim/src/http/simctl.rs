@@ -9,7 +9,8 @@
 //! (readable CPU blocks: what a subscriber's `medium: CPU` view should hold; empty without a
 //! tier), `num_cpu_blocks_used` its occupancy and `offload` its counters (null without one).
 
-use super::error::{parse_json, ApiError};
+use super::body::parse_json;
+use super::error::ApiError;
 use super::{AppState, Faults};
 use crate::events::PubCommand;
 use crate::worker::Worker;

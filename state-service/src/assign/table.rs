@@ -286,6 +286,8 @@ mod tests {
             first_token_at: None,
             predicted_cached_tokens: None,
             budget: None,
+            reserved: 0,
+            background: false,
         }
     }
 

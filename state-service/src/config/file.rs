@@ -52,6 +52,10 @@ pub struct Config {
     /// Defaults for every worker's cost model; a worker may override them.
     pub priors: Priors,
     pub models: BTreeMap<String, ModelConfig>,
+    /// The model a request without one is served by (vLLM serves a request with no `model`,
+    /// or an empty one, by its first served model). Unset: the fleet's model when it serves
+    /// one; with several, such a request is not routed (it still is admitted and charged).
+    pub default_model: Option<String>,
     pub workers: Vec<WorkerConfig>,
     /// `memory` (default) or `redis` (several replicas act as one; see `[redis]`).
     pub store: StoreKind,
@@ -89,6 +93,7 @@ impl Default for Config {
             timeouts: Timeouts::default(),
             priors: Priors::default(),
             models: BTreeMap::new(),
+            default_model: None,
             workers: Vec::new(),
             store: StoreKind::Memory,
             redis: RedisConfig::default(),
@@ -199,6 +204,9 @@ pub struct ModelConfig {
     /// template). Defaults to `tokenization.default_tokenizer_dir`. A missing or broken
     /// directory does not stop the service: the model's picks use the next tokenization path.
     pub tokenizer_dir: Option<PathBuf>,
+    /// vLLM's `--max-model-len` for this model (prompt plus output of one sequence); default
+    /// `tenancy.max_model_len`. A request without an output limit is reserved up to it.
+    pub max_model_len: Option<u32>,
 }
 
 /// Tokenization of text and chat prompts, tried in order: the local tokenizer, the worker's

@@ -119,6 +119,12 @@ impl Config {
             if m.tokenizer_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
                 return Err(invalid(format!("models.{model}.tokenizer_dir"), "must not be empty (omit it to use tokenization.default_tokenizer_dir)"));
             }
+            if m.max_model_len == Some(0) {
+                return Err(invalid(format!("models.{model}.max_model_len"), "must be > 0"));
+            }
+        }
+        if self.default_model.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid("default_model", "must not be empty (omit it: the fleet's only model, if it has one)"));
         }
         self.validate_tokenization()
     }

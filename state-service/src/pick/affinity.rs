@@ -1,12 +1,14 @@
 //! Stage 2: which workers may take the request. A request continuing a stored Responses API
 //! conversation (`previous_response_id`) goes to the worker that stored it, which alone holds
-//! that conversation; every other request may go to any healthy worker of its model.
+//! that conversation, and only when it is its tenant's (another tenant's is not found); a body
+//! the proxy could not read goes to the default route; every other request may go to any
+//! healthy worker of its model.
 //! ([`crate::stored`] keeps the owner map; this waits for an owner and asks the store.)
 
 use super::Picker;
 use crate::fleet::ModelView;
 use crate::stored::Owner;
-use kvroute_core::wire::PickRequest;
+use kvroute_core::wire::{PickRequest, UnreadBody};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -21,16 +23,30 @@ pub(super) enum Target {
     Workers { view: ModelView, continued: u32 },
     /// The stored conversation it continues lives on a worker that is gone.
     Gone,
+    /// The stored conversation it continues is another tenant's: as if it did not exist.
+    NotFound,
+    /// The proxy could not read the body: the default route takes it.
+    Unread,
 }
 
 impl Picker {
     pub(super) async fn target(&self, req: &PickRequest) -> Target {
+        if req.unread() != UnreadBody::UnreadNone {
+            return Target::Unread;
+        }
         if req.previous_response_id.is_empty() {
             return Target::Workers { view: self.fleet.model_view(&req.model), continued: 0 };
         }
         match self.owner(&req.previous_response_id, "pick").await {
-            // Nobody stored it (or it expired): any worker answers vLLM's own 404.
+            // Nobody stored it (or it expired): any worker answers vLLM's own 404. Not for a
+            // tenant's request: a response stored a moment ago may not be known yet, and the
+            // default route could reach its worker, so it is not found.
+            None if !req.tenant.is_empty() => Target::NotFound,
             None => Target::Workers { view: self.fleet.model_view(&req.model), continued: 0 },
+            Some(owner) if !owner.visible_to(&req.tenant) => {
+                self.metrics.count_affinity("pick", "other_tenant");
+                Target::NotFound
+            }
             Some(owner) => {
                 let view = self.fleet.pinned_view(&req.model, &owner.worker);
                 if view.workers.is_empty() {

@@ -1,23 +1,65 @@
 //! Stage 5: the record and the answer. The decision becomes an assignment (shared with the
 //! other replicas by the fleet); kvroute credits the worker with exact keys until its events
-//! arrive, and the approximate policies remember the text chunks they routed.
+//! arrive, and the approximate policies remember the text chunks they routed. A request the
+//! default route takes is recorded too when a budget admitted it, without a worker (it loads
+//! none), so its outcome settles what it was charged.
 
-use super::plan::{peer_keys, Candidate, Chosen};
+use super::admit::Reservation;
+use super::plan::{peer_keys, Candidate, Chosen, Plan};
 use super::{Picker, PromptView};
 use crate::assign::{Assignment, AssignmentId};
 use crate::fleet::Assigned;
 use crate::tenancy::Scope;
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
-use kvroute_kv::types::BlockKey;
+use kvroute_kv::types::{BlockKey, WorkerId};
 use kvroute_score::Policy;
 use rand::RngCore;
 use std::sync::Arc;
 
 impl Picker {
-    /// Records `chosen` under assignment id `requested` (0: any) and answers it; `budget`: the
+    /// Records `plan` under the reservation's assignment id and answers it; `budget`: the
     /// scope admission reserved it under.
-    pub(super) fn commit(&self, req: &PickRequest, chosen: Chosen, requested: u64, budget: Option<Scope>) -> PickResponse {
-        let id = self.record(&chosen, requested, budget);
+    pub(super) fn commit(&self, req: &PickRequest, plan: Plan, reservation: Reservation, budget: Option<Scope>) -> PickResponse {
+        match plan {
+            Plan::Chosen(chosen) => self.commit_chosen(req, chosen, reservation, budget),
+            Plan::Fallback(mut response) => {
+                if let Some(scope) = budget {
+                    response.assignment_id = self.record_unrouted(req, reservation, scope).0;
+                }
+                response
+            }
+        }
+    }
+
+    /// Records a request the default route takes, for its settlement only.
+    fn record_unrouted(&self, req: &PickRequest, reservation: Reservation, scope: Scope) -> AssignmentId {
+        let now = tokio::time::Instant::now();
+        let prompt_tokens = u32::try_from(reservation.tokens).unwrap_or(u32::MAX).min(req.prompt_tokens.max(req.prompt_bytes));
+        let assignment = Assignment {
+            id: AssignmentId(reservation.id),
+            worker: WorkerId::new(""),
+            policy: self.policy(),
+            prompt_tokens,
+            uncached_tokens: prompt_tokens,
+            predicted_ttft_ms: 0.0,
+            features: Default::default(),
+            created_at: now,
+            first_token_at: None,
+            predicted_cached_tokens: None,
+            budget: Some(scope.clone()),
+            reserved: reservation.tokens,
+            background: req.background,
+        };
+        match self.fleet.assign(&assignment, &Arc::from([]), now) {
+            Assigned::Recorded => {}
+            // Cancelled already, or the id taken (a replayed pick): nothing is owed.
+            Assigned::Abandoned | Assigned::Taken => self.tenants.settle(scope, reservation.id, 0, reservation.tokens),
+        }
+        assignment.id
+    }
+
+    fn commit_chosen(&self, req: &PickRequest, chosen: Chosen, reservation: Reservation, budget: Option<Scope>) -> PickResponse {
+        let id = self.record(req, &chosen, reservation, budget);
         let Chosen { policy, prompt, candidates, at, continued, .. } = chosen;
         // A continued conversation's blocks are held by its worker, ahead of the prompt's own.
         let continued_blocks = continued / prompt.tokens_per_key.max(1);
@@ -51,7 +93,7 @@ impl Picker {
     }
 
     /// Records the decision; returns its id (the proxy's own, unless taken).
-    fn record(&self, chosen: &Chosen, requested: u64, budget: Option<Scope>) -> AssignmentId {
+    fn record(&self, req: &PickRequest, chosen: &Chosen, reservation: Reservation, budget: Option<Scope>) -> AssignmentId {
         let Chosen { policy, prompt, now, .. } = chosen;
         let (policy, now) = (*policy, *now);
         let candidate = chosen.candidate();
@@ -67,7 +109,7 @@ impl Picker {
         });
         // The proxy's own id first (it cancels by it); a random one when it named none or the
         // id is taken.
-        let mut next = (requested != 0).then_some(requested);
+        let mut next = (reservation.id != 0).then_some(reservation.id);
         loop {
             let id = AssignmentId(next.take().unwrap_or_else(|| rng.next_u64() ^ self.fleet.replication().id_salt()));
             if id.0 == 0 {
@@ -85,6 +127,8 @@ impl Picker {
                 first_token_at: None,
                 predicted_cached_tokens,
                 budget: budget.clone(),
+                reserved: if budget.is_some() { reservation.tokens } else { 0 },
+                background: req.background,
             };
             match self.fleet.assign(&assignment, &credit, now) {
                 // Taken (2^-64 odds, or a replica sharing seed and salt): drawn again rather than
@@ -94,7 +138,7 @@ impl Picker {
                 Assigned::Abandoned => {
                     self.metrics.picks_abandoned.inc();
                     if let Some(scope) = budget {
-                        self.tenants.settle(scope, id.0, 0);
+                        self.tenants.settle(scope, id.0, 0, reservation.tokens);
                     }
                     return id;
                 }

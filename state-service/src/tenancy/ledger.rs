@@ -146,7 +146,12 @@ pub enum Outcome {
 pub struct Settle {
     pub scope: Scope,
     pub id: u64,
+    /// What the request really cost.
     pub tokens: u64,
+    /// What its reservation charged. When the reservation has already left the window, the
+    /// tokens beyond it are charged now, in the window they happened in: a settlement never
+    /// disappears because its window moved on.
+    pub reserved: u64,
     pub window_ms: u64,
 }
 

@@ -20,6 +20,9 @@ pub struct Window {
     tokens: u64,
     /// id -> lease expiry of the requests still running.
     leases: HashMap<u64, u64>,
+    /// Charges settled after their reservation left the window: (settled at, tokens beyond
+    /// the reservation), oldest first. Tokens, not requests.
+    late: VecDeque<(u64, u64)>,
 }
 
 impl Window {
@@ -31,6 +34,13 @@ impl Window {
             self.log.pop_front();
             self.tokens -= self.charged.remove(&id).unwrap_or(0);
         }
+        while let Some(&(at, tokens)) = self.late.front() {
+            if at + window_ms > now {
+                break;
+            }
+            self.late.pop_front();
+            self.tokens -= tokens;
+        }
         self.leases.retain(|_, until| *until > now);
     }
 
@@ -39,7 +49,7 @@ impl Window {
     }
 
     fn is_empty(&self) -> bool {
-        self.log.is_empty() && self.leases.is_empty()
+        self.log.is_empty() && self.leases.is_empty() && self.late.is_empty()
     }
 
     /// Admits or rejects `r` at `now` (ms on the ledger's clock).
@@ -92,6 +102,9 @@ impl Window {
         if let Some(charged) = self.charged.get_mut(&s.id) {
             self.tokens = self.tokens - *charged + s.tokens;
             *charged = s.tokens;
+        } else if s.tokens > s.reserved {
+            self.late.push_back((now, s.tokens - s.reserved));
+            self.tokens += s.tokens - s.reserved;
         }
         self.leases.remove(&s.id);
     }
@@ -201,8 +214,33 @@ pub mod contract {
         Reserve { scope: scope.clone(), id, tokens, limits, window_ms: 60_000, lease_ms: 600_000 }
     }
 
+    /// A settle of a reservation of `tokens` at `tokens`: no overage.
     pub fn settle(scope: &Scope, id: u64, tokens: u64) -> Settle {
-        Settle { scope: scope.clone(), id, tokens, window_ms: 60_000 }
+        Settle { scope: scope.clone(), id, tokens, reserved: tokens, window_ms: 60_000 }
+    }
+
+    /// A request settles after its reservation left the window: what it cost beyond the
+    /// reservation is charged when it settles, in that window; less is nothing to give back.
+    pub async fn late_settles_are_charged_when_they_happen<F, Fut>(ledger: &dyn Ledger, tenant: &str, advance: F)
+    where
+        F: Fn(u64) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let s = scope(tenant);
+        let limits = Limits { tokens_per_minute: Some(1000), requests_per_minute: Some(10), ..Limits::default() };
+        assert!(admitted(ledger.reserve(reserve(&s, 1, 300, limits)).await.unwrap()));
+        assert!(admitted(ledger.reserve(reserve(&s, 2, 300, limits)).await.unwrap()));
+        advance(61_000).await;
+        assert_eq!(ledger.usage(s.clone(), 60_000).await.unwrap().tokens, 0, "both reservations aged out");
+        // A long stream reserved 300 and cost 900: 600 happened after its window.
+        ledger.settle(Settle { reserved: 300, ..settle(&s, 1, 900) }).await.unwrap();
+        // One that cost less than it reserved has nothing left to give back.
+        ledger.settle(Settle { reserved: 300, ..settle(&s, 2, 100) }).await.unwrap();
+        let used = ledger.usage(s.clone(), 60_000).await.unwrap();
+        assert_eq!((used.tokens, used.requests), (600, 0), "tokens, not a request");
+        assert!(!admitted(ledger.reserve(reserve(&s, 3, 500, limits)).await.unwrap()), "the late tokens count against the budget");
+        advance(61_000).await;
+        assert_eq!(ledger.usage(s.clone(), 60_000).await.unwrap().tokens, 0, "and age out with their window");
     }
 
     fn admitted(o: Outcome) -> bool {
@@ -299,6 +337,7 @@ mod tests {
         tokens_window(ledger.as_ref(), "a", |ms| tokio::time::advance(std::time::Duration::from_millis(ms))).await;
         requests_and_concurrency(ledger.as_ref(), "b").await;
         overrides(ledger.as_ref(), "c").await;
+        late_settles_are_charged_when_they_happen(ledger.as_ref(), "d", |ms| tokio::time::advance(std::time::Duration::from_millis(ms))).await;
     }
 
     #[tokio::test(start_paused = true)]

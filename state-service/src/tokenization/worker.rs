@@ -33,13 +33,17 @@ pub struct WorkerTokenizer {
     paused: Mutex<HashMap<String, Instant>>,
 }
 
-/// `http://{endpoint}/tokenize`, else the metrics URL with `/metrics` replaced.
-pub fn tokenize_url(w: &WorkerConfig) -> Option<String> {
+/// A worker's HTTP API: `http://{endpoint}`, else its metrics URL without `/metrics`.
+pub fn base_url(w: &WorkerConfig) -> Option<String> {
     if !w.endpoint.is_empty() {
-        return Some(format!("http://{}/tokenize", w.endpoint));
+        return Some(format!("http://{}", w.endpoint));
     }
-    let metrics = w.metrics_url.as_deref()?;
-    metrics.strip_suffix("/metrics").map(|base| format!("{base}/tokenize"))
+    w.metrics_url.as_deref()?.strip_suffix("/metrics").map(str::to_string)
+}
+
+/// The worker's vLLM `/tokenize`.
+pub fn tokenize_url(w: &WorkerConfig) -> Option<String> {
+    base_url(w).map(|base| format!("{base}/tokenize"))
 }
 
 /// The `/tokenize` body for a pick's prompt; `None` when it has none.

@@ -40,6 +40,11 @@ fn redis_ledger_meets_the_contract() {
             .await;
             contract::requests_and_concurrency(l.as_ref(), &tenant_on(&shards, shard, "req")).await;
             contract::overrides(l.as_ref(), &tenant_on(&shards, shard, "ovr")).await;
+            contract::late_settles_are_charged_when_they_happen(l.as_ref(), &tenant_on(&shards, shard, "late"), |ms| {
+                l.advance_clock(ms);
+                async {}
+            })
+            .await;
         }
 
         // The scripts are loaded again when a shard forgot them (restart, SCRIPT FLUSH).

@@ -32,6 +32,8 @@ fn record(id: u64, age_ms: u64, first_token: bool) -> Record {
         created_unix_ms: unix_ms().saturating_sub(age_ms),
         first_token,
         budget: None,
+        reserved: 0,
+        background: false,
     }
 }
 

@@ -4,9 +4,11 @@
 //!
 //! Each scope lives on the shard owning its [`Scope::key`], under
 //! `{prefix}:budget:{<scope key>}:` + `log` (ZSET id -> admitted at, ms), `amt` (HASH id ->
-//! tokens charged), `sum` (the window's tokens), `lease` (ZSET id -> lease end, ms) and
-//! `limits` (the runtime override: a HASH with a `set` marker, so an all-unlimited override
-//! exists too, and one field per limit; no field, no limit). Every shard also keeps the SET
+//! tokens charged), `sum` (the window's tokens), `lease` (ZSET id -> lease end, ms), `late`
+//! and `lamt` (charges settled after their reservation left the window: ZSET id -> settled
+//! at, HASH id -> tokens beyond the reservation; tokens, not requests) and `limits` (the
+//! runtime override: a HASH with a `set` marker, so an all-unlimited override exists too,
+//! and one field per limit; no field, no limit). Every shard also keeps the SET
 //! `{prefix}:budget:overrides` of the scopes it holds an override for.
 //!
 //! Reserve, settle and usage are each one Lua script, so a call is atomic on its shard:
@@ -33,22 +35,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Shared by every script. KEYS: log, amt, sum, lease, limits; ARGV[1] now, ARGV[2] the
-/// newest admission time that has left the window (now - window).
+/// Shared by every script. KEYS: log, amt, sum, lease, limits, late, lamt; ARGV[1] now,
+/// ARGV[2] the newest admission time that has left the window (now - window).
 const EXPIRE: &str = r"
-local log, amt, sum, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-while true do
-  local old = redis.call('ZRANGEBYSCORE', log, '-inf', ARGV[2], 'LIMIT', 0, 512)
-  if #old == 0 then break end
-  local charged = redis.call('HMGET', amt, unpack(old))
-  for i = 1, #old do
-    if charged[i] then redis.call('DECRBY', sum, charged[i]) end
+local log, amt, sum, lease, late, lamt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], KEYS[7]
+local function age_out(z, h)
+  while true do
+    local old = redis.call('ZRANGEBYSCORE', z, '-inf', ARGV[2], 'LIMIT', 0, 512)
+    if #old == 0 then break end
+    local charged = redis.call('HMGET', h, unpack(old))
+    for i = 1, #old do
+      if charged[i] then redis.call('DECRBY', sum, charged[i]) end
+    end
+    redis.call('ZREM', z, unpack(old))
+    redis.call('HDEL', h, unpack(old))
   end
-  redis.call('ZREM', log, unpack(old))
-  redis.call('HDEL', amt, unpack(old))
 end
+age_out(log, amt)
+age_out(late, lamt)
 redis.call('ZREMRANGEBYSCORE', lease, '-inf', ARGV[1])
-if redis.call('ZCARD', log) == 0 then redis.call('DEL', amt, sum) end
+if redis.call('ZCARD', log) == 0 then redis.call('DEL', amt) end
+if redis.call('ZCARD', log) == 0 and redis.call('ZCARD', late) == 0 then redis.call('DEL', sum) end
 local function usage()
   return tonumber(redis.call('GET', sum) or '0'), redis.call('ZCARD', log), redis.call('ZCARD', lease)
 end
@@ -105,17 +112,25 @@ redis.call('ZADD', log, ARGV[1], id)
 redis.call('HSET', amt, id, ARGV[6])
 tok = redis.call('INCRBY', sum, ARGV[6])
 redis.call('ZADD', lease, ARGV[4], id)
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
+for _, i in ipairs({1, 2, 3, 4, 6, 7}) do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
 return {0, 0, tok, req + 1, run + 1}
 ";
 
-/// ARGV[3] id, [4] the tokens it really cost.
+/// ARGV[3] id, [4] the tokens it really cost, [5] what they exceed its reservation by, [6]
+/// the least key TTL. A reservation still in the window is replaced; one that left it has its
+/// excess charged now (the late keys live as long as the sum that counts them).
 const SETTLE: &str = r"
 local old = redis.call('HGET', amt, ARGV[3])
 if old then
   redis.call('DECRBY', sum, old)
   redis.call('INCRBY', sum, ARGV[4])
   redis.call('HSET', amt, ARGV[3], ARGV[4])
+elseif ARGV[5] ~= '0' then
+  redis.call('ZADD', late, ARGV[1], ARGV[3])
+  redis.call('HINCRBY', lamt, ARGV[3], ARGV[5])
+  redis.call('INCRBY', sum, ARGV[5])
+  local ttl = math.max(redis.call('PTTL', sum), tonumber(ARGV[6]))
+  for _, k in ipairs({late, lamt, sum}) do redis.call('PEXPIRE', k, ttl) end
 end
 redis.call('ZREM', lease, ARGV[3])
 return 1
@@ -149,13 +164,14 @@ struct ScopeKeys {
     scope: String,
     ledger: [String; 4],
     limits: String,
+    late: [String; 2],
 }
 
 impl ScopeKeys {
     /// `script` with this scope's keys and `now` with the window's cutoff as its first args.
     fn invoke<'s>(&self, script: &'s Script, now: u64, window_ms: u64) -> ScriptInvocation<'s> {
         let mut inv = script.prepare_invoke();
-        for key in self.ledger.iter().chain([&self.limits]) {
+        for key in self.ledger.iter().chain([&self.limits]).chain(&self.late) {
             inv.key(key);
         }
         // i128: a window longer than the epoch is allowed (nothing has left it).
@@ -218,7 +234,13 @@ impl RedisLedger {
     fn keys(&self, scope: &Scope) -> ScopeKeys {
         let scope = scope.key();
         let key = |what: &str| format!("{}:budget:{{{scope}}}:{what}", self.prefix);
-        ScopeKeys { shard: self.shards.owner(&scope), ledger: [key("log"), key("amt"), key("sum"), key("lease")], limits: key("limits"), scope }
+        ScopeKeys {
+            shard: self.shards.owner(&scope),
+            ledger: [key("log"), key("amt"), key("sum"), key("lease")],
+            limits: key("limits"),
+            late: [key("late"), key("lamt")],
+            scope,
+        }
     }
 
     /// Every override stored on `shard` for a scope it owns.
@@ -263,7 +285,7 @@ impl Ledger for RedisLedger {
         let (shards, keys, now) = (self.shards.clone(), self.keys(&s.scope), self.now_ms());
         Box::pin(async move {
             let mut inv = keys.invoke(&SETTLE_SCRIPT, now, s.window_ms);
-            inv.arg(s.id).arg(s.tokens);
+            inv.arg(s.id).arg(s.tokens).arg(s.tokens.saturating_sub(s.reserved)).arg(s.window_ms.saturating_add(60_000));
             run::<i64>(&shards, keys.shard, &inv).await.map(drop)
         })
     }

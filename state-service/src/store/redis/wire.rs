@@ -33,6 +33,16 @@ pub struct Record {
     /// The tenant budget it reserved under (tenant, model), so any replica settles it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<(String, Option<String>)>,
+    /// Tokens admission reserved (settling a request abandoned after forwarding).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved: u64,
+    /// Responses API `background`: settled from the stored response.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -87,6 +97,8 @@ impl Record {
             created_unix_ms: unix_ms().saturating_sub(age),
             first_token: a.first_token_at.is_some(),
             budget: a.budget.as_ref().map(|s| (s.tenant.to_string(), s.model.as_deref().map(str::to_string))),
+            reserved: a.reserved,
+            background: a.background,
         }
     }
 
@@ -128,6 +140,8 @@ impl Record {
             first_token_at: self.first_token.then_some(now),
             predicted_cached_tokens: None,
             budget: self.budget.as_ref().map(|(t, m)| crate::tenancy::Scope { tenant: t.as_str().into(), model: m.as_deref().map(Into::into) }),
+            reserved: self.reserved,
+            background: self.background,
         })
     }
 
@@ -154,7 +168,9 @@ mod tests {
             created_at: now,
             first_token_at: None,
             predicted_cached_tokens: None,
-            budget: None,
+            budget: Some(crate::tenancy::Scope { tenant: "team".into(), model: None }),
+            reserved: 900,
+            background: true,
         };
         let r = Record::new(&a, &[BlockKey(1), BlockKey(u64::MAX)], "r1");
         let m = Message { from: "r1".into(), event: Event::Assigned(r.clone()) };
@@ -162,6 +178,7 @@ mod tests {
         assert_eq!(back, m);
         let b = r.assignment(now, TTLS).expect("a fresh record is live");
         assert_eq!((b.id, b.worker, b.features, b.first_token_at), (a.id, a.worker, a.features, None));
+        assert_eq!((b.budget, b.reserved, b.background), (a.budget, 900, true), "any replica can settle it");
         assert_eq!(r.keys(), vec![BlockKey(1), BlockKey(u64::MAX)]);
     }
 
@@ -181,6 +198,8 @@ mod tests {
             created_unix_ms: unix_ms() - age.as_millis() as u64,
             first_token,
             budget: None,
+            reserved: 0,
+            background: false,
         }
     }
 
