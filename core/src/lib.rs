@@ -36,6 +36,9 @@ pub mod wire {
                 DegradedReason::DegradedResponseOwnerGone => "response_owner_gone",
                 DegradedReason::DegradedResponseNotFound => "response_not_found",
                 DegradedReason::DegradedUnreadBody => "unread_body",
+                DegradedReason::DegradedTokenizeDeadline => "tokenize_deadline",
+                DegradedReason::DegradedTokenizeBusy => "tokenize_busy",
+                DegradedReason::DegradedPromptNotTokenizable => "prompt_not_tokenizable",
             }
         }
     }

@@ -6,7 +6,7 @@ pub mod degraded_reason {
     use crate::wire::DegradedReason;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    const ALL: [DegradedReason; 9] = [
+    const ALL: [DegradedReason; 12] = [
         DegradedReason::DegradedNone,
         DegradedReason::DegradedTokenizerUnavailable,
         DegradedReason::DegradedUnknownModel,
@@ -16,6 +16,9 @@ pub mod degraded_reason {
         DegradedReason::DegradedResponseOwnerGone,
         DegradedReason::DegradedResponseNotFound,
         DegradedReason::DegradedUnreadBody,
+        DegradedReason::DegradedTokenizeDeadline,
+        DegradedReason::DegradedTokenizeBusy,
+        DegradedReason::DegradedPromptNotTokenizable,
     ];
 
     pub fn serialize<S: Serializer>(value: &i32, s: S) -> Result<S::Ok, S::Error> {

@@ -520,6 +520,13 @@ impl Fleet {
             .collect()
     }
 
+    /// The most leading keys of `keys` any engine holds, by the KV index or speculative credit.
+    pub fn longest_match(&self, keys: &[BlockKey], now: Instant) -> u32 {
+        let indexed = self.index.match_prefix(keys).iter().map(|m| m.matched_blocks).max().unwrap_or(0);
+        let credited = self.speculative.lock().matches(keys, now).into_iter().map(|(_, n)| n).max().unwrap_or(0);
+        indexed.max(credited)
+    }
+
     /// Leading keys each worker of `view` was routed by learned text-chunk (or approximate)
     /// routing, in `view` order.
     pub fn learned_matches(&self, workers: &[WorkerView], keys: &[BlockKey]) -> Vec<u32> {

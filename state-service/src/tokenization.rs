@@ -42,6 +42,18 @@ pub struct ExactIds {
     pub prompt_tokens: u32,
     /// `TokenizationLocal` or `TokenizationWorker`.
     pub path: TokenizationPath,
+    /// The whole prompt was encoded (else its leading part, `prompt_tokens` estimating the rest).
+    pub complete: bool,
+}
+
+/// How far a pick's encoding goes (see `config::Tokenization::probe_bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// `probe_bytes` of text no cache holds: enough to key a prompt until it leaves every
+    /// worker's cache, for most prompts.
+    Probe,
+    /// The rest of `max_encode_bytes`.
+    Full,
 }
 
 /// What the local encoder produced.
@@ -68,7 +80,9 @@ pub struct Tokenization {
     worker: WorkerTokenizer,
     inline_max_bytes: usize,
     worker_fallback: bool,
-    /// Most cache-missing bytes one pick encodes (see `config::Tokenization::max_encode_bytes`).
+    /// Cache-missing bytes a pick encodes first, and at most (see
+    /// `config::Tokenization::probe_bytes` and `max_encode_bytes`).
+    probe_bytes: usize,
     max_encode_bytes: usize,
     /// A pick stops waiting for its local tokenization after this (the filter gave up soon
     /// after); the encoding finishes in the background and warms the piece cache.
@@ -124,6 +138,7 @@ impl Tokenization {
             worker: WorkerTokenizer::new(Duration::from_millis(t.worker_timeout_ms), Duration::from_millis(t.worker_retry_ms)),
             inline_max_bytes: t.inline_max_bytes,
             worker_fallback: t.worker_fallback,
+            probe_bytes: t.probe_bytes.min(t.max_encode_bytes),
             max_encode_bytes: t.max_encode_bytes,
             deadline: Duration::from_millis(t.deadline_ms),
             permits: Arc::new(tokio::sync::Semaphore::new(t.max_concurrent.max(1))),
@@ -161,26 +176,33 @@ impl Tokenization {
         self.worker.is_paused(model)
     }
 
-    /// The prompt's exact ids via the local tokenizer of `target`'s base model, else a worker
-    /// of `target` (healthy workers of the request's model); `None` when neither path could
-    /// give them.
-    pub async fn exact_ids(&self, req: &PickRequest, target: &TokenizeTarget) -> Option<ExactIds> {
+    /// How many cache-missing bytes an encoding may cover: the probe, then what is left of
+    /// `max_encode_bytes` (what the probe encoded is cached by then and costs nothing again).
+    pub fn budget(&self, reach: Reach) -> usize {
+        match reach {
+            Reach::Probe => self.probe_bytes,
+            Reach::Full => self.max_encode_bytes - self.probe_bytes,
+        }
+    }
+
+    /// The prompt's exact ids via the local tokenizer of `target`'s base model, as far as
+    /// `reach` allows, else a worker of `target` (healthy workers of the request's model); why
+    /// neither path gave them otherwise.
+    pub async fn exact_ids(&self, req: &PickRequest, target: &TokenizeTarget, reach: Reach) -> Result<ExactIds, TokenizeFailure> {
         let metrics = &self.metrics;
         if req.endpoint == Endpoint::Responses as i32 && !req.previous_response_id.is_empty() {
             // vLLM prepends the stored conversation, which only its owner has: the prompt
             // without it is not the one vLLM computes.
             metrics.failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Template);
-            return None;
+            return Err(TokenizeFailure::Template);
         }
         let started = std::time::Instant::now();
-        match self.local_ids(req, &target.base_model).await {
+        match self.local_ids(req, &target.base_model, self.budget(reach)).await {
             Ok((encoded, bytes)) => {
                 metrics.observe(TokenizationPath::TokenizationLocal, started.elapsed().as_secs_f64());
-                if encoded.rest_bytes > 0 {
-                    metrics.failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Truncated);
-                }
                 let prompt_tokens = encoded.prompt_tokens(bytes.saturating_sub(encoded.rest_bytes));
-                return Some(ExactIds { ids: encoded.ids, prompt_tokens, path: TokenizationPath::TokenizationLocal });
+                let complete = encoded.rest_bytes == 0;
+                return Ok(ExactIds { ids: encoded.ids, prompt_tokens, path: TokenizationPath::TokenizationLocal, complete });
             }
             Err(reason) => {
                 metrics.failure(TokenizationPath::TokenizationLocal, reason);
@@ -188,30 +210,31 @@ impl Tokenization {
                 // Out of time or capacity, or too long for the budget: a worker call would
                 // cost more of the same and push the overload onto the workers.
                 if matches!(reason, TokenizeFailure::Deadline | TokenizeFailure::Busy | TokenizeFailure::Truncated | TokenizeFailure::TooLong) {
-                    return None;
+                    return Err(reason);
+                }
+                if !self.worker_fallback {
+                    return Err(reason);
                 }
             }
-        }
-        if !self.worker_fallback {
-            return None;
         }
         let started = std::time::Instant::now();
         match self.worker_ids(req, &target.workers).await {
             Ok(ids) => {
                 metrics.observe(TokenizationPath::TokenizationWorker, started.elapsed().as_secs_f64());
                 let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-                Some(ExactIds { ids, prompt_tokens, path: TokenizationPath::TokenizationWorker })
+                Ok(ExactIds { ids, prompt_tokens, path: TokenizationPath::TokenizationWorker, complete: true })
             }
             Err(reason) => {
                 metrics.failure(TokenizationPath::TokenizationWorker, reason);
                 tracing::debug!(request_id = %req.request_id, model = %req.model, reason = reason.as_str(), "no worker tokenization");
-                None
+                Err(reason)
             }
         }
     }
 
-    /// The local encoding and the prompt's size in bytes (rendered chat, or text).
-    async fn local_ids(&self, req: &PickRequest, model: &str) -> Result<(Encoded, usize), TokenizeFailure> {
+    /// The local encoding within `budget` cache-missing bytes, and the prompt's size in bytes
+    /// (rendered chat, or text).
+    async fn local_ids(&self, req: &PickRequest, model: &str, budget: usize) -> Result<(Encoded, usize), TokenizeFailure> {
         let tokenizer = match self.local.lookup(model) {
             Lookup::Ready(t) => t,
             Lookup::Unavailable => return Err(TokenizeFailure::Unavailable),
@@ -222,7 +245,6 @@ impl Tokenization {
             }
             Lookup::Loading => return Err(TokenizeFailure::Loading),
         };
-        let budget = self.max_encode_bytes;
         if req.chat_json.len() + req.prompt_text.len() <= self.inline_max_bytes {
             return encode(&tokenizer, req.endpoint, &req.chat_json, &req.prompt_text, budget);
         }

@@ -151,9 +151,9 @@ fn budgeted(bytes: usize) -> (Router, Arc<TestIndex>) {
 }
 
 /// Picks `body` on a 700-byte encoding budget with worker 0 holding all of the prompt's keys:
-/// the pick must be exact and undegraded, on leading keys equal to the whole prompt's, counted
-/// `truncated`, on fewer keys than the whole prompt's. Returns its keys, the whole prompt's ids
-/// and the app.
+/// the pick must be exact and undegraded, on leading keys equal to the whole prompt's, on fewer
+/// keys than the whole prompt's, with no tokenization failure counted (keying a prompt in part
+/// is how long prompts are keyed). Returns its keys, the whole prompt's ids and the app.
 async fn keyed_up_to_the_budget(body: &Value) -> (usize, Vec<u32>, Router) {
     let (app, index) = budgeted(700);
     let (req, input) = chat_pick(body);
@@ -165,7 +165,7 @@ async fn keyed_up_to_the_budget(body: &Value) -> (usize, Vec<u32>, Router) {
     assert!(n > 0 && n < keys.len(), "{n} of {} blocks: only the leading 700 bytes are encoded", keys.len());
     assert_eq!(resp.matched_blocks as usize, n, "the leading keys are exactly the whole prompt's");
     let metrics = get_text(&app, "/metrics").await;
-    assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);
+    assert!(!metrics.contains("kvroute_tokenization_failures_total{"), "{metrics}");
     (n, ids, app)
 }
 
@@ -180,6 +180,35 @@ async fn a_long_cold_chat_is_keyed_exactly_up_to_the_budget() {
     assert!((estimate / ids.len() as f64 - 1.0).abs() < 0.5, "estimated {estimate} of {} tokens", ids.len());
 }
 
+/// Routing needs a prompt's keys only as far as some worker holds them: a long prompt new to
+/// every worker is encoded only within `probe_bytes` of new text (exact keys, undegraded, its
+/// size estimated from the rest); one whose leading blocks are all held is encoded on, up to
+/// `max_encode_bytes`, so the match can reach as far as it goes.
+#[tokio::test]
+async fn a_fresh_prompt_is_encoded_only_until_no_worker_holds_it() {
+    let mut cfg = config(&["a", "b"]);
+    cfg.tokenization.probe_bytes = 600;
+    cfg.tokenization.max_encode_bytes = 32 << 10;
+    cfg.tokenization.inline_max_bytes = 1 << 20;
+    let (app, index) = build(cfg, Some(fixture_dir()));
+    let long = "Summarise this report for the on-call engineer please. ".repeat(200);
+    let (req, input) = chat_pick(&json!({"model": "m", "messages": [{"role": "user", "content": long}]}));
+    let (ids, keys) = expected(&input);
+    let fresh = pick(&app, &req).await;
+    assert_eq!((fresh.tokenization, fresh.degraded_reason().label()), (TokenizationPath::TokenizationLocal as i32, "none"), "{fresh:?}");
+    let probed = fresh.total_blocks as usize;
+    assert!(probed > 0 && probed * 16 * 4 < 2000, "only the probe's ~600 bytes keyed: {probed} blocks");
+    let assignments: Value = serde_json::from_str(&get_text(&app, "/v1/assignments").await).unwrap();
+    let estimate = assignments["assignments"][0]["prompt_tokens"].as_u64().unwrap() as f64;
+    assert!((estimate / ids.len() as f64 - 1.0).abs() < 0.5, "estimated {estimate} of {} tokens", ids.len());
+    // Worker b holds the whole prompt (as its KV events would say): the encoding goes on.
+    index.hold(EngineSlot(1), &keys);
+    let held = pick(&app, &req).await;
+    assert_eq!((held.worker_id.as_str(), held.degraded_reason().label()), ("b", "none"), "{held:?}");
+    assert!(held.total_blocks as usize > probed * 4, "encoded past the probe: {} blocks", held.total_blocks);
+    assert_eq!(held.matched_blocks, held.total_blocks, "and matched as far as it was keyed");
+}
+
 /// A chat whose first message alone is longer than the encoding budget is keyed exactly up to
 /// a space within it (the production-shaped trace's long single-message prompts were once
 /// routed on load alone, then on text chunks).
@@ -191,8 +220,8 @@ async fn a_first_message_longer_than_the_budget_is_keyed_exactly_up_to_a_space_i
 }
 
 /// A first message with no space within the budget (a pasted blob) has no exact block: it is
-/// routed on the filter's text-chunk keys, degraded, never on load alone with empty "exact"
-/// keys.
+/// routed on the filter's text-chunk keys, degraded as a prompt without exact ids (not as a
+/// missing tokenizer), never on load alone with empty "exact" keys.
 #[tokio::test]
 async fn a_first_message_without_a_cut_within_the_budget_routes_on_text_chunks() {
     let (app, _) = budgeted(700);
@@ -201,7 +230,7 @@ async fn a_first_message_without_a_cut_within_the_budget_routes_on_text_chunks()
     assert!(!req.text_chunk_keys.is_empty());
     let resp = pick(&app, &req).await;
     assert_eq!(resp.tokenization, TokenizationPath::TokenizationTextChunks as i32, "{resp:?}");
-    assert_eq!(resp.degraded_reason().label(), "tokenizer_unavailable", "{resp:?}");
+    assert_eq!(resp.degraded_reason().label(), "prompt_not_tokenizable", "{resp:?}");
     assert_eq!(resp.total_blocks as usize, req.text_chunk_keys.len());
     let metrics = get_text(&app, "/metrics").await;
     assert_has(&metrics, &[r#"kvroute_tokenization_failures_total{path="local",reason="truncated"} 1"#]);

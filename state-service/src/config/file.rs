@@ -235,6 +235,11 @@ pub struct Tokenization {
     /// exact (no space within the budget, a tokenizer that cannot be cut at spaces) the pick
     /// routes on text chunks (`truncated`, `too_long`).
     pub max_encode_bytes: usize,
+    /// Cache-missing bytes a pick encodes first (4 KiB, ~1k tokens, ~1 ms): routing needs a
+    /// prompt's keys only until no worker holds them, so a prompt that has left every worker's
+    /// cache by then is keyed exactly that far and the rest estimated; only one whose encoded
+    /// blocks are all held somewhere is encoded on, up to `max_encode_bytes`.
+    pub probe_bytes: usize,
     /// How long a pick waits for a local encoding before routing on text chunks; below the
     /// filter's pick timeout (50 ms by default) so the answer still arrives in time.
     pub deadline_ms: u64,
@@ -253,6 +258,7 @@ impl Default for Tokenization {
             worker_timeout_ms: 25,
             worker_retry_ms: 1000,
             max_encode_bytes: 32 << 10,
+            probe_bytes: 4 << 10,
             deadline_ms: 30,
             max_concurrent: 4,
         }

@@ -86,9 +86,9 @@ label_enum!(
         Status => "status",
         /// The worker's answer had no `tokens` array.
         Body => "body",
-        /// Only the prompt's leading part within `tokenization.max_encode_bytes` was encoded (the
-        /// pick still used exact keys for it: whole messages, then the next one up to a
-        /// space); or nothing before the first cut fit.
+        /// Nothing of a chat prompt fit the encoding budget before its first exact cut. (A
+        /// prompt keyed exactly in part is not a failure: routing needs keys only as far as
+        /// some worker holds them, the rest is estimated.)
         Truncated => "truncated",
         /// A text prompt longer than `tokenization.max_encode_bytes` with no exact cut within
         /// it (see `Truncated`): not encoded at all.

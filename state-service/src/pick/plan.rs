@@ -2,6 +2,7 @@
 //! of the prompt, its predicted TTFT and what placing the request there costs the fleet; then
 //! the policy's pure choice ([`kvroute_score::choose`]) with this pick's own rng.
 
+use super::prompt::Keyed;
 use super::{Picker, PromptView};
 use crate::fleet::{ModelView, WorkerEntry, WorkerView};
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse};
@@ -55,17 +56,22 @@ impl Chosen {
 }
 
 impl Picker {
-    /// `prompt`: already resolved to exact keys (tokenized), else taken from the request.
+    /// `keyed`: the prompt stage's keys (exact, the request's own, or text chunks and why).
     /// `continued`: tokens of a stored conversation the prompt continues (Responses API
     /// `previous_response_id`), held by every candidate (`view` is only its owner then).
-    pub(super) fn plan(&self, policy: Policy, req: &PickRequest, view: ModelView, prompt: Option<PromptView>, continued: u32) -> Plan {
+    pub(super) fn plan(&self, policy: Policy, req: &PickRequest, view: ModelView, keyed: Keyed, continued: u32) -> Plan {
         if !view.known {
             return Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedUnknownModel));
         }
         if view.workers.is_empty() {
             return Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedNoHealthyWorker));
         }
-        let mut prompt = prompt.unwrap_or_else(|| PromptView::new(req, view.block_size, self.config.text_chunk_bytes));
+        let as_sent = || PromptView::new(req, view.block_size, self.config.text_chunk_bytes);
+        let mut prompt = match keyed {
+            Keyed::Exact(prompt) => prompt,
+            Keyed::AsSent => as_sent(),
+            Keyed::Degraded(reason) => as_sent().because(reason),
+        };
         prompt.prompt_tokens = prompt.prompt_tokens.saturating_add(continued);
         let now = Instant::now();
         let candidates = self.candidates(policy, view.workers, &prompt, continued, now);

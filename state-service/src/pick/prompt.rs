@@ -11,7 +11,7 @@
 
 use super::Picker;
 use crate::metrics::TokenizeFailure;
-use crate::tokenization::wants_tokens;
+use crate::tokenization::{wants_tokens, Reach};
 use kvroute_core::keys::{token_block_keys, KeyRoot};
 use kvroute_core::wire::{DegradedReason, PickRequest, TokenizationPath};
 use kvroute_kv::types::BlockKey;
@@ -19,38 +19,85 @@ use kvroute_score::Policy;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// What the prompt stage found.
+pub(super) enum Keyed {
+    /// Exact keys computed here (text or chat prompts tokenized).
+    Exact(PromptView),
+    /// The request's own keys: token ids the filter keyed, or a policy that does not tokenize.
+    AsSent,
+    /// No exact keys (the filter's text chunks), and why: out of time, out of encoding slots,
+    /// no tokenizer, or a prompt that has no exact ids.
+    Degraded(DegradedReason),
+}
+
 impl Picker {
-    /// The prompt's exact keys when tokenizing makes them exact (within `until`), else `None`:
-    /// [`PromptView::new`] then reads the keys the filter sent.
-    pub(super) async fn prompt(&self, policy: Policy, req: &PickRequest, until: Option<Instant>) -> Option<PromptView> {
+    /// The prompt's exact keys when tokenizing can make them exact, within `until`.
+    pub(super) async fn prompt(&self, policy: Policy, req: &PickRequest, until: Option<Instant>) -> Keyed {
         // Dynamo tokenizes in its frontend: its KV router matches exact blocks too.
         if !matches!(policy, Policy::Kvroute | Policy::DynamoKv) || !wants_tokens(req) {
-            return None;
+            return Keyed::AsSent;
         }
-        let Some(until) = until else { return self.exact_prompt(req).await };
-        match tokio::time::timeout_at(until.into(), self.exact_prompt(req)).await {
-            Ok(prompt) => prompt,
-            Err(_) => {
-                self.tokenization.count_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Deadline);
-                None
-            }
+        let keyed = match until {
+            None => self.exact_prompt(req).await,
+            Some(until) => match tokio::time::timeout_at(until.into(), self.exact_prompt(req)).await {
+                Ok(keyed) => keyed,
+                Err(_) => {
+                    self.tokenization.count_failure(TokenizationPath::TokenizationLocal, TokenizeFailure::Deadline);
+                    Err(TokenizeFailure::Deadline)
+                }
+            },
+        };
+        match keyed {
+            Ok(prompt) => Keyed::Exact(prompt),
+            Err(failure) => Keyed::Degraded(degraded_reason(failure)),
         }
     }
 
-    async fn exact_prompt(&self, req: &PickRequest) -> Option<PromptView> {
-        let target = self.fleet.tokenize_target(&req.model)?;
-        let exact = self.tokenization.exact_ids(req, &target).await?;
+    /// Routing needs a prompt's keys only as far as some worker holds them: the encoding
+    /// stops within `probe_bytes` of new text, and goes on (to `max_encode_bytes`) only when
+    /// every block encoded so far is held somewhere, so the match could reach further.
+    async fn exact_prompt(&self, req: &PickRequest) -> Result<PromptView, TokenizeFailure> {
+        let target = self.fleet.tokenize_target(&req.model).ok_or(TokenizeFailure::NoEndpoint)?;
         // Rooted at the request's model: the adapter's name for a LoRA request, as vLLM roots it.
         let root = KeyRoot::new(&req.model, &req.cache_salt);
-        let keys = token_block_keys(&root, &exact.ids, target.block_size as usize);
+        let block = target.block_size as usize;
+        let mut exact = self.tokenization.exact_ids(req, &target, Reach::Probe).await?;
+        let mut keys = token_block_keys(&root, &exact.ids, block);
+        let more = self.tokenization.budget(Reach::Full) > 0;
+        if !exact.complete && more && self.fleet.longest_match(&keys, tokio::time::Instant::now()) as usize >= keys.len() {
+            exact = self.tokenization.exact_ids(req, &target, Reach::Full).await?;
+            keys = token_block_keys(&root, &exact.ids, block);
+        }
         // Not one full block within the encoding budget (a first message longer than
         // `max_encode_bytes` stops before its text): the filter's text-chunk keys still route it
         // by what was learned, a degraded decision, where empty exact keys would route it on
         // load alone and call that exact.
         if keys.is_empty() && !req.text_chunk_keys.is_empty() {
-            return None;
+            self.tokenization.count_failure(exact.path, TokenizeFailure::Truncated);
+            return Err(TokenizeFailure::Truncated);
         }
-        Some(PromptView::from_ids(keys, exact.prompt_tokens as usize, target.block_size, exact.path))
+        Ok(PromptView::from_ids(keys, exact.prompt_tokens as usize, target.block_size, exact.path))
+    }
+}
+
+/// The degraded reason a tokenization failure stands for: three causes an operator acts on
+/// differently (raise the deadline or the cores, raise the slots, fix the tokenizer), and the
+/// prompts that have no exact ids whatever is done.
+fn degraded_reason(failure: TokenizeFailure) -> DegradedReason {
+    match failure {
+        TokenizeFailure::Deadline => DegradedReason::DegradedTokenizeDeadline,
+        TokenizeFailure::Busy => DegradedReason::DegradedTokenizeBusy,
+        TokenizeFailure::Unavailable
+        | TokenizeFailure::Loading
+        | TokenizeFailure::NoEndpoint
+        | TokenizeFailure::Backoff
+        | TokenizeFailure::Timeout
+        | TokenizeFailure::Connect
+        | TokenizeFailure::Status
+        | TokenizeFailure::Body => DegradedReason::DegradedTokenizerUnavailable,
+        TokenizeFailure::Media | TokenizeFailure::Input | TokenizeFailure::Template | TokenizeFailure::Encode | TokenizeFailure::Truncated | TokenizeFailure::TooLong => {
+            DegradedReason::DegradedPromptNotTokenizable
+        }
     }
 }
 
@@ -97,6 +144,15 @@ impl PromptView {
             tokens_per_key: (chunk_bytes / BYTES_PER_TOKEN).max(1),
             tokenization,
             limitation: Some(DegradedReason::DegradedTokenizerUnavailable),
+        }
+    }
+
+    /// A view of the filter's own keys, with the reason no exact keys were had: text chunks are
+    /// degraded for that reason rather than for a missing tokenizer.
+    pub fn because(self, reason: DegradedReason) -> PromptView {
+        match self.limitation {
+            Some(DegradedReason::DegradedTokenizerUnavailable) => PromptView { limitation: Some(reason), ..self },
+            _ => self,
         }
     }
 
