@@ -223,8 +223,13 @@ impl Fleet {
     /// is discarded when it is recorded.
     pub fn finish(&self, id: AssignmentId, end: End, now: Instant) -> Option<Assignment> {
         let freed = self.free(id, end, now);
-        if freed.is_some() {
-            self.replication.publish(Change::Freed { id });
+        match (&freed, end) {
+            (Some(_), _) => self.replication.publish(Change::Freed { id }),
+            // Not recorded here: perhaps by a replica that answered the pick after the proxy
+            // gave up on it (it was slow, or frozen). Every replica hears of the cancel, so
+            // whichever holds the pick, now or later, lets it go.
+            (None, End::Cancelled) => self.replication.publish(Change::CancelledUnknown { id }),
+            (None, End::Completed) => {}
         }
         freed
     }

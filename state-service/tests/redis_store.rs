@@ -28,6 +28,8 @@ mod stale_records;
 mod tls;
 #[path = "redis_store/lost_frees.rs"]
 mod lost_frees;
+#[path = "redis_store/late_cancels.rs"]
+mod late_cancels;
 #[path = "redis_store/ledger.rs"]
 mod ledger;
 #[path = "redis_store/responses.rs"]

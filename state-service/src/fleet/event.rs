@@ -47,6 +47,9 @@ pub enum Change<'a> {
     /// `calibration`: the worker's refit, when the elapsed time was usable.
     FirstToken { assignment: &'a Assignment, elapsed_ms: f64, calibration: Option<&'a Calibration> },
     Freed { id: AssignmentId },
+    /// The proxy cancelled an id this replica never recorded: the replica that answered the
+    /// pick (late, or frozen meanwhile) must discard or free it when it hears this.
+    CancelledUnknown { id: AssignmentId },
     Suspected { worker: &'a WorkerId, reason: UpstreamFailure },
     Draining { worker: &'a WorkerId },
 }

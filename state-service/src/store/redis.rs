@@ -476,6 +476,7 @@ impl Replication for Handle {
                 }
             }
             Change::Freed { id } => me.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } }),
+            Change::CancelledUnknown { id } => me.send(Op::Delete { id: id.0, event: Event::Cancelled { id: id.0 } }),
             Change::Suspected { worker, reason } => {
                 let event = Event::WorkerSuspect { id: worker.to_string(), reason: reason as i32 };
                 me.send(Op::Publish { key: me.worker_key(worker.as_str()), event });

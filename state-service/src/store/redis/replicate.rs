@@ -210,6 +210,11 @@ pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
             store.track_adopted(id, false);
             FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() }
         }
+        // Remembered where the pick is not recorded yet, so it is discarded when it is.
+        Event::Cancelled { id } => {
+            store.track_adopted(id, false);
+            FleetEvent::Cancelled { id: AssignmentId(id) }
+        }
         Event::WorkerAdded(worker) => return store.adopt_worker(inbound, *worker),
         Event::WorkerRemoved { id } => return store.drop_worker(inbound, &id),
         Event::WorkerSuspect { id, reason } => FleetEvent::Suspected {

@@ -51,6 +51,8 @@ pub enum Event {
     Assigned(Record),
     FirstToken { id: u64, elapsed_ms: f64 },
     Freed { id: u64 },
+    /// A cancel of an id the sender never recorded: discarded or freed wherever it is.
+    Cancelled { id: u64 },
     /// A worker registered at runtime on some replica.
     WorkerAdded(Box<WorkerConfig>),
     WorkerRemoved { id: String },

@@ -1,0 +1,48 @@
+//! No phantom load after a freeze: the proxy gives up on a pick a replica answers late (it was
+//! slow, or frozen) and cancels it by its id, and the cancel may reach another replica, which
+//! never recorded that id, before or after the pick is recorded. Either way the replica that
+//! answered the pick lets it go: the cancel is shared, remembered where the pick is not
+//! recorded yet, and frees it where it is.
+
+use super::support::*;
+use serde_json::json;
+
+fn pick(id: u64) -> serde_json::Value {
+    json!({ "model": "m", "token_keys": [1, 2], "block_size": 16, "prompt_tokens": 32, "assignment_id": id })
+}
+
+fn cancel(id: u64) -> serde_json::Value {
+    json!({ "reports": [{ "assignment_id": id, "kind": 3 }] })
+}
+
+#[test]
+fn a_cancel_heard_by_another_replica_frees_the_pick_in_either_order() {
+    let servers = shards(2);
+    let replicas: Vec<Replica> = (0..2)
+        .map(|i| {
+            let mut c = redis_config(&servers, &format!("r{i}"), i);
+            plain_workers(&mut c, 2);
+            Replica::start(c)
+        })
+        .collect();
+    let rt = client_rt();
+    let count = |r: &Replica| r.state.fleet.assignments().len();
+
+    // The cancel first (the proxy gave up before replica 0 answered), to replica 1; replica 0
+    // hears of it, then answers the pick: discarded, nothing recorded anywhere.
+    let received = |r: &Replica| r.store.stats.received.load(std::sync::atomic::Ordering::Relaxed);
+    let before = received(&replicas[0]);
+    assert_eq!(post_json(&rt, &replicas[1].url("/v1/report"), cancel(0xC0FFEE)).0, 204);
+    wait_until("replica 0 to hear of the cancel", || received(&replicas[0]) > before);
+    assert_eq!(post_json(&rt, &replicas[0].url("/v1/pick"), pick(0xC0FFEE)).0, 200);
+    assert!(replicas[0].state.metrics.encode().contains("kvroute_picks_abandoned_total 1"), "the pick was discarded");
+    assert_eq!((count(&replicas[0]), count(&replicas[1])), (0, 0));
+
+    // The pick first (recorded on replica 0 and adopted by replica 1)...
+    let (status, _) = post_json(&rt, &replicas[0].url("/v1/pick"), pick(0xBEEF));
+    assert_eq!(status, 200);
+    wait_until("replica 1 to adopt the pick", || count(&replicas[1]) == 1);
+    // ... then the cancel, to replica 1: both let it go.
+    assert_eq!(post_json(&rt, &replicas[1].url("/v1/report"), cancel(0xBEEF)).0, 204);
+    wait_until("the pick freed on both replicas", || count(&replicas[0]) == 0 && count(&replicas[1]) == 0);
+}
