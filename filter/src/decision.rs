@@ -5,7 +5,7 @@
 use crate::config::{Cidr, Config, RoutingMode, OWN_HEADER_PREFIX};
 use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
 use kvroute_core::request::{Prompt, PromptRequest};
-use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath, UpstreamFailure};
+use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
 
 /// Why a request went to the route's default upstream instead of a picked worker. Every
 /// variant has a counter (`kvroute_fallback_<label>`) and is named in `x-kvroute-fallback`.
@@ -266,38 +266,6 @@ pub fn degraded_label(degraded: i32) -> &'static str {
     DegradedReason::try_from(degraded).map_or(FallbackReason::Degraded.label(), DegradedReason::label)
 }
 
-/// What happened to the chosen worker (`address`, its `host:port`; empty when unknown), from
-/// what the proxy saw when the response headers came: the upstream host that answered
-/// (`upstream.address`), the status, and Envoy's `response.code_details`. Returns the failure
-/// and the host that answered instead (empty when it was the chosen one).
-///
-/// - another upstream answered: the target failed before any response header (Envoy's retry
-///   policy only moves on for connect failures, refused streams and resets) and the request
-///   was failed over;
-/// - a 5xx the upstream sent (`via_upstream`): a server error, before the first body byte;
-/// - a 5xx Envoy made because the upstream connection failed or reset before headers;
-/// - any other local 5xx (no healthy upstream, overflow) is not the worker's doing.
-pub fn upstream_failure(address: &str, served_by: Option<&str>, status: Option<u32>, details: Option<&str>) -> (UpstreamFailure, String) {
-    let served = served_by.unwrap_or_default();
-    if !address.is_empty() && !served.is_empty() && served != address {
-        return (UpstreamFailure::UpstreamFailedOver, served.to_string());
-    }
-    if status.is_none_or(|s| s < 500) {
-        return (UpstreamFailure::UpstreamOk, String::new());
-    }
-    let details = details.unwrap_or_default();
-    let failure = if details == "via_upstream" {
-        UpstreamFailure::UpstreamServerError
-    } else if details.contains("connection_failure") || details.contains("connect_error") {
-        UpstreamFailure::UpstreamConnectFailure
-    } else if details.starts_with("upstream_reset_before_response_started") {
-        UpstreamFailure::UpstreamReset
-    } else {
-        UpstreamFailure::UpstreamOk
-    };
-    (failure, String::new())
-}
-
 /// The fallback for a pick that did not answer 2xx. Envoy's async client turns connection
 /// failures into a local 503 and its timeout into a 504, so those mean "unavailable" / "slow"
 /// whoever produced them; 429 is the state service shedding load; anything else is its own
@@ -423,28 +391,6 @@ mod tests {
         assert_eq!(r.decision, "policy=ttft;tokenization=none;degraded=none", "no match information for untrusted callers");
         let no_addr = PickResponse { worker_id: "w".into(), ..PickResponse::default() };
         assert_eq!(route_from_pick(&config(""), &no_addr, true), Err(FallbackReason::NoTarget));
-    }
-
-    #[test]
-    fn upstream_failures_are_read_from_what_envoy_saw() {
-        let t = "127.0.0.1:8101";
-        let ok = (UpstreamFailure::UpstreamOk, String::new());
-        assert_eq!(upstream_failure(t, Some(t), Some(200), Some("via_upstream")), ok);
-        assert_eq!(upstream_failure(t, None, Some(200), None), ok);
-        assert_eq!(upstream_failure(t, Some(t), Some(404), Some("via_upstream")), ok);
-        assert_eq!(
-            upstream_failure(t, Some("127.0.0.1:8102"), Some(200), Some("via_upstream")),
-            (UpstreamFailure::UpstreamFailedOver, "127.0.0.1:8102".to_string())
-        );
-        assert_eq!(upstream_failure(t, Some(t), Some(500), Some("via_upstream")).0, UpstreamFailure::UpstreamServerError);
-        let refused = "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}";
-        assert_eq!(upstream_failure(t, Some(t), Some(503), Some(refused)).0, UpstreamFailure::UpstreamConnectFailure);
-        assert_eq!(
-            upstream_failure(t, None, Some(503), Some("upstream_reset_before_response_started{connection_termination}")).0,
-            UpstreamFailure::UpstreamReset
-        );
-        assert_eq!(upstream_failure(t, None, Some(503), Some("no_healthy_upstream")), ok, "not the worker's doing");
-        assert_eq!(upstream_failure("", Some(t), Some(200), Some("via_upstream")), ok, "no address to compare with");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! failure resumes it toward the route's default upstream with a counted reason.
 
 use crate::decision::{
-    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, upstream_failure, FallbackReason,
+    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, FallbackReason,
     RequestMeta,
 };
 use crate::admission::{OnUnread, Policy};
@@ -17,6 +17,7 @@ use crate::identity::{resolve, Facts};
 use crate::reply::{self, Reply};
 use crate::report::{ResponseTracker, REPORTS_PER_PICK};
 use crate::shared::Shared;
+use crate::upstream::{for_log, served_by, upstream_failure, ServedBy};
 use kvroute_core::request::{parse, Api};
 use kvroute_core::wire::{DegradedReason, LocateRequest, PickResponse, Report, ReportKind, UnreadBody};
 use prost::Message;
@@ -51,7 +52,7 @@ pub struct HttpFilter {
     fallback: Option<FallbackReason>,
     decision: Option<String>,
     tracker: Option<ResponseTracker>,
-    /// The chosen worker's `host:port` (what [`upstream_failure`] compares against).
+    /// The chosen worker's `host:port` (what `upstream_failure` compares against).
     address: String,
     /// The request asked for a stream: only then is the response's first byte its first token.
     streaming: bool,
@@ -511,14 +512,17 @@ impl HttpContext for HttpFilter {
         }
         if let Some(t) = self.tracker.as_mut() {
             let status = host::header(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok());
-            // Envoy: `IP:port`; ngx_wasm_module: the IP, its port in `upstream.port`.
-            let served_by = host::property(&["upstream", "address"]).map(|a| match host::property(&["upstream", "port"]) {
-                Some(port) if !a.contains(':') => format!("{a}:{port}"),
-                _ => a,
-            });
+            let address = host::property(&["upstream", "address"]);
+            let port = host::property(&["upstream", "port"]);
+            let served = served_by(address.as_deref(), port.as_deref());
+            if served == ServedBy::Malformed {
+                host::increment(self.shared.metrics.host_facts_malformed);
+                let (address, port) = (for_log(address.as_deref()), for_log(port.as_deref()));
+                host::log(LogLevel::Info, &format!("kvroute: upstream.address {address:?} port {port:?} is not an address; ignored"));
+            }
             // Envoy's; ngx_wasm_module logs an error for it on every response.
             let details = if c.route_variable.is_none() { host::property(&["response", "code_details"]) } else { None };
-            let upstream = upstream_failure(&self.address, served_by.as_deref(), status, details.as_deref());
+            let upstream = upstream_failure(&self.address, served, status, details.as_deref());
             let reports = t.on_headers(status, end_of_stream, host::now_ms(), upstream);
             self.queue(reports);
         }

@@ -13,6 +13,7 @@
 //!   like the API the client called so its SDK raises its usual error.
 //! - [`usage`], [`report`]: response tail, `usage` parsing, first-token / complete / cancel
 //!   tracking, and the bounded report batch queue.
+//! - [`upstream`]: which upstream answered and how it failed, parsed before it is believed.
 //! - `host`, `metrics`, `shared`, `root`, `http`: the thin proxy-wasm glue (host calls that
 //!   never panic, metric handles, the state a VM's contexts share, the root context, the
 //!   per-request HTTP context). `root` creates `http` contexts, so `http` must not name `root`.
@@ -33,6 +34,7 @@ pub mod decision;
 pub mod identity;
 pub mod reply;
 pub mod report;
+pub mod upstream;
 pub mod usage;
 
 mod host;

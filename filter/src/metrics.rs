@@ -34,6 +34,8 @@ pub struct Metrics {
     /// Requests with a tenant answered 503: the state service did not answer and their
     /// route's budgets must admit them (`admission.state_unavailable = "reject"`).
     pub admission_unavailable: Option<u32>,
+    /// `upstream.address` / `upstream.port` values that were not an address (ignored).
+    pub host_facts_malformed: Option<u32>,
 }
 
 impl Metrics {
@@ -54,6 +56,7 @@ impl Metrics {
             unauthenticated: counter("kvroute_unauthenticated"),
             unread_rejected: counter("kvroute_unread_rejected"),
             admission_unavailable: counter("kvroute_admission_unavailable"),
+            host_facts_malformed: counter("kvroute_host_facts_malformed"),
         }
     }
 
