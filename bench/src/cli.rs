@@ -204,6 +204,10 @@ pub enum Shape {
     /// Conversations with heavy-tailed think time, a universal system block, app prompts,
     /// long-tailed prompts up to the model's context (see workload/production.rs).
     Production,
+    /// Conversations of long fresh prompts (~12k tokens on average, up to the context, most of
+    /// each new): `ProductionSpec::long_fresh`, its own seed and defaults (the production
+    /// flags do not apply).
+    LongFresh,
 }
 
 /// `gen-trace`: write a Mooncake JSONL trace.
@@ -319,6 +323,11 @@ impl GenTraceArgs {
                 let reqs = production::generate(&self.production_spec())?;
                 let about = production::describe(&reqs);
                 (production::records(&reqs), "bench/traces/production.jsonl", about)
+            }
+            Shape::LongFresh => {
+                let reqs = production::generate(&ProductionSpec::long_fresh())?;
+                let about = production::describe(&reqs);
+                (production::records(&reqs), "bench/traces/long-fresh.jsonl", about)
             }
         };
         let out = self.out.clone().unwrap_or_else(|| PathBuf::from(out));

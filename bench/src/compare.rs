@@ -66,6 +66,7 @@ pub async fn run_pass(
     let before = control.cache_counters().await?;
     let first_before = control.first_scheduled().await;
     let degraded_before = control.state_degraded().await;
+    let answers_before = control.pick_answer().await;
     let mut run = spec.run.clone();
     run.arrival = match rate {
         Some(rate) => Arrival::Poisson { rate },
@@ -93,7 +94,13 @@ pub async fn run_pass(
         (None, Some(a)) => Some(a),
         _ => None,
     };
+    let pick_answer = match (answers_before, control.pick_answer().await) {
+        (Some(b), Some(a)) => Some(a.since(&b)),
+        (None, a) => a,
+        _ => None,
+    };
     Ok(PassResult {
+        pick_answer,
         policy: policy.to_string(),
         round: 1,
         rate,

@@ -12,7 +12,7 @@
 //! admission, so a preempted request's re-admission hits its own blocks again). Workers that
 //! lack them make the figure `None` ("n/a"), never an error.
 
-use crate::counters::{CacheDelta, FirstScheduled};
+use crate::counters::{Buckets, CacheDelta, FirstScheduled};
 use crate::BenchError;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,25 @@ pub fn sum_metric_where(text: &str, name: &str, key: &str, value: &str) -> Optio
         .into_iter()
         .filter(|s| s.name == name && s.label(key) == Some(value))
         .fold(None, |acc, s| Some(acc.unwrap_or(0.0) + s.value))
+}
+
+/// A histogram family's cumulative buckets, summed over its label sets; `None` without any.
+pub fn histogram(text: &str, name: &str) -> Option<Buckets> {
+    let bucket = format!("{name}_bucket");
+    let mut by_le: Vec<(f64, f64)> = Vec::new();
+    for s in parse_series(text).into_iter().filter(|s| s.name == bucket) {
+        let le = match s.label("le") {
+            Some("+Inf") => f64::INFINITY,
+            Some(v) => v.parse().ok()?,
+            None => continue,
+        };
+        match by_le.iter_mut().find(|(l, _)| *l == le) {
+            Some(entry) => entry.1 += s.value,
+            None => by_le.push((le, s.value)),
+        }
+    }
+    by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (!by_le.is_empty()).then_some(Buckets(by_le))
 }
 
 /// One worker's first-scheduling counters; `None` when it lacks the prompt counter.
@@ -200,6 +219,13 @@ impl Control {
         sum_counters_matching(&text, &["degraded", "fallback"])
     }
 
+    /// The state service's pick answer-time histogram (`kvroute_pick_answer_seconds`),
+    /// cumulative; `None` when it exposes none.
+    pub async fn pick_answer(&self) -> Option<Buckets> {
+        let text = self.get_text(&format!("{}/metrics", self.state_url)).await.ok()?;
+        histogram(&text, "kvroute_pick_answer_seconds")
+    }
+
     /// Wait until no worker has requests running or waiting (a pass's stragglers must not
     /// load the next pass), up to `limit`.
     pub async fn wait_idle(&self, limit: Duration) -> bool {
@@ -231,6 +257,14 @@ mod tests {
         vllm:prefix_cache_queries_total{model_name=\"m\",engine=\"0\"} 400.0\n\
         kvroute_degraded_decisions_total{reason=\"state_unavailable\"} 2\n\
         kvroute_filter_fallback_total 1\nkvroute_fallback_ratio 0.5\n";
+
+    #[test]
+    fn histograms_sum_their_label_sets() {
+        let text = "kvroute_pick_answer_seconds_bucket{le=\"0.001\"} 2\nkvroute_pick_answer_seconds_bucket{le=\"+Inf\"} 4\n\
+                    kvroute_pick_answer_seconds_sum 0.1\nkvroute_pick_answer_seconds_count 4\n";
+        assert_eq!(histogram(text, "kvroute_pick_answer_seconds"), Some(Buckets(vec![(0.001, 2.0), (f64::INFINITY, 4.0)])));
+        assert_eq!(histogram(text, "missing"), None);
+    }
 
     #[test]
     fn sums_families_over_labels() {

@@ -37,3 +37,54 @@ impl FirstScheduled {
         }
     }
 }
+
+/// A histogram's cumulative bucket counts (upper bound, count), ascending, `+Inf` last: the
+/// state service's pick answer times, as a delta over one pass.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Buckets(pub Vec<(f64, f64)>);
+
+impl Buckets {
+    /// `self - before`, bucket by bucket (the same bounds).
+    pub fn since(&self, before: &Buckets) -> Buckets {
+        Buckets(self.0.iter().zip(&before.0).map(|((le, a), (_, b))| (*le, a - b)).collect())
+    }
+
+    /// The `q` quantile (0..=1), interpolated linearly inside its bucket; `None` when empty
+    /// or when it falls in the open last bucket.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.0.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let mut lower = (0.0, 0.0);
+        for &(le, count) in &self.0 {
+            if count >= rank {
+                if !le.is_finite() {
+                    return None;
+                }
+                let width = count - lower.1;
+                let into = if width > 0.0 { (rank - lower.1) / width } else { 1.0 };
+                return Some(lower.0 + (le - lower.0) * into);
+            }
+            lower = (le, count);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_inside_buckets() {
+        let b = Buckets(vec![(0.001, 0.0), (0.002, 50.0), (0.004, 99.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(b.quantile(0.5), Some(0.002));
+        assert!((b.quantile(0.25).unwrap() - 0.0015).abs() < 1e-12);
+        assert_eq!(b.quantile(1.0), None, "in the open bucket");
+        let before = Buckets(vec![(0.001, 0.0), (0.002, 50.0), (0.004, 50.0), (f64::INFINITY, 50.0)]);
+        assert_eq!(b.since(&before).quantile(0.5).map(|v| (v * 1e6).round()), Some(3020.0));
+        assert_eq!(Buckets::default().quantile(0.5), None);
+    }
+}

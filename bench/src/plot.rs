@@ -201,6 +201,7 @@ mod tests {
                 share_of_oracle: None,
                 promised: None,
                 state_degraded: None,
+                pick_answer: None,
                 samples,
             }
         };

@@ -2,8 +2,8 @@
 //! serialised as JSON (the JSON keeps every sample so plots can be redrawn later).
 
 use crate::bounds::ReuseBounds;
-pub use crate::counters::{CacheDelta, FirstScheduled};
-use crate::stats::{Promised, Sample, Slo, Summary};
+pub use crate::counters::{Buckets, CacheDelta, FirstScheduled};
+use crate::stats::{Keying, Promised, Sample, Slo, Summary};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -55,6 +55,9 @@ pub struct PassResult {
     pub promised: Option<Promised>,
     /// Degraded decisions counted by the state service over the pass, when it exposes them.
     pub state_degraded: Option<f64>,
+    /// The state service's pick answer times over the pass (tokenizing included).
+    #[serde(default)]
+    pub pick_answer: Option<Buckets>,
     pub samples: Vec<Sample>,
 }
 
@@ -117,10 +120,16 @@ fn pct_na(v: Option<f64>) -> String {
     v.map_or("n/a".into(), |x| format!("{:.1}%", x * 100.0))
 }
 
-const HEAD: [&str; 20] = [
+const HEAD: [&str; 22] = [
     "policy", "rate/s", "reqs", "fail", "ttft p50", "ttft p90", "ttft p99", "e2e p50", "e2e p90", "goodput/min", "<=slo",
-    "vllm hit", "reuse", "gpu", "cpu", "of oracle", "gone", "req/s", "tok/s", "degraded",
+    "vllm hit", "reuse", "gpu", "cpu", "of oracle", "gone", "req/s", "tok/s", "degraded", "keys", "pick ms",
 ];
+
+/// `p50/p99` of the pass's pick answer times in ms (real time: the service's clock).
+fn pick_ms(p: &PassResult) -> String {
+    let q = |x: f64| p.pick_answer.as_ref().and_then(|b| b.quantile(x)).map_or("-".into(), |v| format!("{:.2}", v * 1000.0));
+    format!("{}/{}", q(0.5), q(0.99))
+}
 
 /// True when `p` sent fewer requests than the bounds cover (time limit, failed turns).
 fn partial(report: &RunReport, p: &PassResult) -> bool {
@@ -159,6 +168,8 @@ fn rows(report: &RunReport) -> Vec<Vec<String>> {
                 format!("{:.2}", s.requests_per_s),
                 format!("{:.0}", s.output_tokens_per_s),
                 degraded,
+                Keying::of(&p.samples).map_or("-".into(), |k| k.cell()),
+                pick_ms(p),
             ]
         })
         .collect()
@@ -167,7 +178,7 @@ fn rows(report: &RunReport) -> Vec<Vec<String>> {
 /// The lines under the table: units, and the workload's reuse bounds.
 fn footer(report: &RunReport) -> Vec<String> {
     let mut out = vec![format!(
-        "times in simulated s (time scale {}); goodput = requests/min with TTFT <= {} s; '!' = fewer than {:.0}% within the SLO; degraded = from response headers[/state-service metric]",
+        "times in simulated s (time scale {}); goodput = requests/min with TTFT <= {} s; '!' = fewer than {:.0}% within the SLO; degraded = from response headers[/state-service metric]; keys = how the prompts became keys (exact, else text chunks by why); pick ms = the state service's answer time p50/p99, tokenizing included (real ms)",
         report.time_scale,
         report.slo.ttft_s,
         report.slo.attainment * 100.0
@@ -247,6 +258,7 @@ mod tests {
             share_of_oracle: None,
             promised: None,
             state_degraded: None,
+            pick_answer: None,
             samples,
         }
     }

@@ -180,6 +180,39 @@ impl Promised {
     }
 }
 
+/// How a pass's prompts became keys, from each response's decision (`tokenization=..;
+/// degraded=..`): exactly (token ids, or tokenized by the state service or a worker), or on
+/// text chunks and why (the decision's degraded reason: out of time, out of encoding slots, no
+/// tokenizer, a prompt without exact ids).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Keying {
+    pub exact: usize,
+    /// Picks on approximate keys (or none), by reason.
+    pub approximate: std::collections::BTreeMap<String, usize>,
+}
+
+impl Keying {
+    /// `None` when no response carried a decision.
+    pub fn of(samples: &[Sample]) -> Option<Keying> {
+        let mut k = Keying::default();
+        for s in samples.iter().filter(|s| s.decision.is_some()) {
+            match decision_field(s, "tokenization") {
+                Some("exact_token_ids" | "local" | "worker") => k.exact += 1,
+                _ => {
+                    let why = decision_field(s, "degraded").filter(|d| !d.is_empty() && *d != "none").unwrap_or("unkeyed");
+                    *k.approximate.entry(why.to_string()).or_insert(0) += 1;
+                }
+            }
+        }
+        (k.exact + k.approximate.values().sum::<usize>() > 0).then_some(k)
+    }
+
+    /// `1168 exact`, or `414 exact, 700 tokenize_deadline, 86 tokenize_busy`.
+    pub fn cell(&self) -> String {
+        std::iter::once(format!("{} exact", self.exact)).chain(self.approximate.iter().map(|(why, n)| format!("{n} {why}"))).collect::<Vec<_>>().join(", ")
+    }
+}
+
 /// Points of the empirical CDF of successful TTFTs: (ttft_s, fraction <= ttft_s).
 pub fn ttft_cdf(samples: &[Sample]) -> Vec<(f64, f64)> {
     let v = sorted(samples.iter().filter(|s| s.ok).filter_map(|s| s.ttft_s));

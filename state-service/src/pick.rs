@@ -151,6 +151,7 @@ impl Picker {
 
     /// Decides where `req` goes (see the module docs for the stages).
     pub async fn pick(&self, req: &PickRequest, deadline: Deadline) -> PickResponse {
+        let arrived = Instant::now();
         let req = &self.with_model(req);
         let policy = self.policy();
         let prompt = self.prompt(policy, req, deadline.tokenize_until).await;
@@ -167,6 +168,7 @@ impl Picker {
             (reservation, admission) => self.commit(req, plan, reservation, admission.scope().cloned()),
         };
         let response = self.finish(policy, started, response);
+        self.metrics.answer.observe(arrived.elapsed().as_secs_f64());
         if deadline.answer_by.is_some_and(|by| Instant::now() > by) && response.assignment_id != 0 {
             self.abandon(AssignmentId(response.assignment_id));
         }

@@ -92,3 +92,19 @@ fn promised_counts_what_the_index_said_and_the_engine_did_not_serve() {
     assert_eq!(Promised::of(&samples[3..], 16), None);
     assert_eq!(Promised { requests: 1, ..Promised::default() }.gone_share(), None);
 }
+
+#[test]
+fn keying_counts_exact_picks_and_text_chunks_by_why() {
+    let with = |decision: &str| Sample { decision: Some(decision.into()), ok: true, ..Default::default() };
+    let samples = vec![
+        with("policy=kvroute;tokenization=local;degraded=none"),
+        with("worker=w0;matched=1;total=2;ttft_ms=5.0;policy=kvroute;tokenization=exact_token_ids;degraded=none"),
+        with("policy=kvroute;tokenization=text_chunks;degraded=tokenize_deadline"),
+        with("policy=kvroute;tokenization=text_chunks;degraded=tokenize_deadline"),
+        with("policy=kvroute;tokenization=none;degraded=none"),
+        Sample::default(),
+    ];
+    let k = Keying::of(&samples).expect("decisions");
+    assert_eq!(k.cell(), "2 exact, 2 tokenize_deadline, 1 unkeyed");
+    assert_eq!(Keying::of(&[Sample::default()]), None);
+}

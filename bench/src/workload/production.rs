@@ -64,6 +64,33 @@ pub struct ProductionSpec {
     pub seed: u64,
 }
 
+impl ProductionSpec {
+    /// Long fresh prompts (issue 31): conversations whose every turn brings thousands of tokens
+    /// of new text (first messages ~9k tokens, follow-ups ~3k, no shared application prompts),
+    /// so prompts average ~12k tokens, up to the context, and most of each is new to every
+    /// worker: what a router must key in time at saturation.
+    pub fn long_fresh() -> ProductionSpec {
+        ProductionSpec {
+            conversations: 300,
+            rate_per_s: 0.5,
+            mean_turns: 2.0,
+            max_turns: 6,
+            think_median_s: 60.0,
+            think_sigma: 0.8,
+            first_median_tokens: 9000.0,
+            first_sigma: 0.5,
+            followup_median_tokens: 3000.0,
+            followup_sigma: 0.6,
+            output_mean_tokens: 300.0,
+            output_sigma: 0.6,
+            max_output_tokens: 2048,
+            apps: 0,
+            seed: 31,
+            ..ProductionSpec::default()
+        }
+    }
+}
+
 impl Default for ProductionSpec {
     fn default() -> Self {
         ProductionSpec {

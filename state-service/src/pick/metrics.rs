@@ -15,6 +15,9 @@ pub struct PickMetrics {
     degraded: Family<ReasonLabels, Counter>,
     /// Time spent deciding a pick, seconds (tokenizing has its own histogram).
     latency: Histogram,
+    /// Time from a pick's start to its answer: tokenizing, a stored response's owner, the
+    /// decision, admission; seconds.
+    pub(super) answer: Histogram,
     /// matched blocks / prompt blocks of the chosen worker.
     pub(super) matched_prefix_ratio: Histogram,
     /// Picks by how their prompt became keys (the response's `tokenization`).
@@ -33,6 +36,7 @@ impl PickMetrics {
             picks: Family::default(),
             degraded: Family::default(),
             latency: Histogram::new(exponential_buckets(0.000_01, 2.0, 16)),
+            answer: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             matched_prefix_ratio: Histogram::new([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]),
             tokenization: Family::default(),
             picks_abandoned: Counter::default(),
@@ -41,6 +45,7 @@ impl PickMetrics {
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
         registry.register("degraded_decisions", "Degraded pick decisions by reason", m.degraded.clone());
         registry.register("pick_latency_seconds", "Time to decide a pick", m.latency.clone());
+        registry.register("pick_answer_seconds", "Time from a pick's start to its answer (tokenizing, affinity, decision, admission)", m.answer.clone());
         registry.register("matched_prefix_ratio", "Matched over total prompt blocks of the chosen worker", m.matched_prefix_ratio.clone());
         registry.register("tokenization", "Picks by how the prompt became keys", m.tokenization.clone());
         registry.register("picks_abandoned", "Picks the proxy gave up on before they were decided (not recorded)", m.picks_abandoned.clone());

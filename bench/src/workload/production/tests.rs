@@ -155,3 +155,11 @@ fn shipped_production_trace_is_the_generator_output() {
     let spec = ProductionSpec { duration_s: Some(1800.0), ..ProductionSpec::default() };
     assert_eq!(shipped, records(&generate(&spec).unwrap()));
 }
+
+#[test]
+fn shipped_long_fresh_trace_is_the_generator_output() {
+    // bench/traces/long-fresh.jsonl = `kvroute-bench gen-trace --shape long-fresh`.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/long-fresh.jsonl");
+    let shipped = super::super::trace::load(&path).unwrap();
+    assert_eq!(shipped, records(&generate(&ProductionSpec::long_fresh()).unwrap()));
+}
