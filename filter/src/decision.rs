@@ -6,6 +6,7 @@ use crate::config::{Cidr, Config, RoutingMode, OWN_HEADER_PREFIX};
 use kvroute_core::keys::{text_chunk_keys, token_block_keys, KeyRoot};
 use kvroute_core::request::{Prompt, PromptRequest};
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse, TokenizationPath};
+use std::time::Duration;
 
 /// Why a request went to the route's default upstream instead of a picked worker. Every
 /// variant has a counter (`kvroute_fallback_<label>`) and is named in `x-kvroute-fallback`.
@@ -282,6 +283,18 @@ pub fn classify_pick_status(status: Option<&str>, dispatch_status: Option<&str>)
     }
 }
 
+/// The least pick time left for which a refused pick is sent again.
+pub const MIN_RETRY: Duration = Duration::from_millis(5);
+
+/// A pick the replica that got it refused (it is dead, not ready, or shedding load: no
+/// connection, 502/503, 429) goes once more to the state cluster, whose balancer gives it to
+/// another replica, while at least [`MIN_RETRY`] of the pick's time is left: how long it may
+/// wait. A slow answer (a timeout) is not sent again: its time is spent.
+pub fn pick_retry(reason: FallbackReason, left: Duration) -> Option<Duration> {
+    let refused = matches!(reason, FallbackReason::PickUnavailable | FallbackReason::PickOverloaded);
+    (refused && left >= MIN_RETRY).then_some(left)
+}
+
 /// Whether the pick's HTTP status is a success.
 pub fn is_success(status: Option<&str>) -> bool {
     status.and_then(|s| s.parse::<u16>().ok()).is_some_and(|s| (200..300).contains(&s))
@@ -303,6 +316,17 @@ mod tests {
 
     fn config(extra: &str) -> Config {
         Config::parse(format!(r#"{{"state_cluster":"s"{extra}}}"#).as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn only_a_refused_pick_with_time_left_goes_again() {
+        let ms = Duration::from_millis;
+        assert_eq!(pick_retry(FallbackReason::PickUnavailable, ms(40)), Some(ms(40)));
+        assert_eq!(pick_retry(FallbackReason::PickOverloaded, ms(5)), Some(ms(5)));
+        assert_eq!(pick_retry(FallbackReason::PickUnavailable, ms(4)), None, "no time left");
+        for slow_or_answered in [FallbackReason::PickTimeout, FallbackReason::PickStatus, FallbackReason::PickDecode, FallbackReason::DispatchFailed] {
+            assert_eq!(pick_retry(slow_or_answered, ms(40)), None, "{}", slow_or_answered.label());
+        }
     }
 
     #[test]

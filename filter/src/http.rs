@@ -7,7 +7,7 @@
 //! failure resumes it toward the route's default upstream with a counted reason.
 
 use crate::decision::{
-    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, FallbackReason,
+    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, pick_retry, FallbackReason,
     RequestMeta,
 };
 use crate::admission::{OnUnread, Policy};
@@ -19,11 +19,12 @@ use crate::report::{ResponseTracker, REPORTS_PER_PICK};
 use crate::shared::Shared;
 use crate::upstream::{for_log, served_by, upstream_failure, ServedBy};
 use kvroute_core::request::{parse, Api};
-use kvroute_core::wire::{DegradedReason, LocateRequest, PickResponse, Report, ReportKind, UnreadBody};
+use kvroute_core::wire::{DegradedReason, LocateRequest, PickRequest, PickResponse, Report, ReportKind, UnreadBody};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 use std::rc::Rc;
+use std::time::Duration;
 
 pub const DECISION_HEADER: &str = "x-kvroute-decision";
 pub const FALLBACK_HEADER: &str = "x-kvroute-fallback";
@@ -71,6 +72,11 @@ pub struct HttpFilter {
     unread: UnreadBody,
     /// Request body bytes seen so far.
     body_bytes: usize,
+    /// The pick in flight and when its time runs out (host ms), kept to send it once more if
+    /// the replica that got it refuses it; `None` once it was sent again.
+    resend: Option<(PickRequest, f64)>,
+    /// The pick in flight is the second try.
+    resent: bool,
 }
 
 /// Identity's view of the host, for one request's headers.
@@ -108,6 +114,8 @@ impl HttpFilter {
             admission: Policy::default(),
             unread: UnreadBody::UnreadNone,
             body_bytes: 0,
+            resend: None,
+            resent: false,
         }
     }
 
@@ -167,11 +175,11 @@ impl HttpFilter {
     }
 
     /// Sends `pick` (with reports riding along) and waits for its answer.
-    fn dispatch_pick(&mut self, mut pick: kvroute_core::wire::PickRequest, timeout: std::time::Duration) -> Action {
+    fn dispatch_pick(&mut self, mut pick: PickRequest, timeout: Duration) -> Action {
         let c = &self.shared.config;
         pick.reports = self.shared.reports.try_borrow_mut().map(|mut q| q.take(REPORTS_PER_PICK)).unwrap_or_default();
         let encoded = pick.encode_to_vec();
-        self.carried = pick.reports;
+        self.carried = std::mem::take(&mut pick.reports);
         let deadline = timeout.as_millis().to_string();
         let mut extra: Vec<(&str, &str)> = vec![("x-kvroute-deadline-ms", deadline.as_str())];
         if !self.meta.request_id.is_empty() {
@@ -180,7 +188,9 @@ impl HttpFilter {
         match host::post(c, &c.pick_path, &encoded, timeout, &extra) {
             Ok(token) => {
                 host::increment(self.shared.metrics.picks);
-                self.phase = Phase::Picking { token, sent_ms: host::now_ms() };
+                let now = host::now_ms();
+                self.phase = Phase::Picking { token, sent_ms: now };
+                self.resend = (!self.resent).then_some((pick, now + timeout.as_secs_f64() * 1000.0));
                 Action::Pause
             }
             Err(status) => {
@@ -378,6 +388,19 @@ impl Context for HttpFilter {
         host::record(self.shared.metrics.pick_latency_us, (elapsed * 1000.0).round() as u64);
         let applied = self.apply_pick(body_size);
         self.return_carried();
+        let resend = self.resend.take();
+        if let (Err((reason, detail)), Some((pick, deadline_ms))) = (&applied, resend) {
+            let left = Duration::from_secs_f64(((deadline_ms - host::now_ms()) / 1000.0).max(0.0));
+            if let Some(timeout) = pick_retry(*reason, left) {
+                host::increment(self.shared.metrics.pick_retries);
+                host::log(LogLevel::Debug, &format!("kvroute: request {}: pick refused{detail}, sent once more", self.meta.request_id));
+                self.resent = true;
+                if self.dispatch_pick(pick, timeout) == Action::Continue {
+                    host::resume_request();
+                }
+                return;
+            }
+        }
         match applied {
             // Answered here: the request goes nowhere.
             Ok(Some(reply)) => return host::send_reply(&reply),

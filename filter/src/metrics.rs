@@ -36,6 +36,8 @@ pub struct Metrics {
     pub admission_unavailable: Option<u32>,
     /// `upstream.address` / `upstream.port` values that were not an address (ignored).
     pub host_facts_malformed: Option<u32>,
+    /// Picks a replica refused, sent once more (to another replica, where the host balances).
+    pub pick_retries: Option<u32>,
 }
 
 impl Metrics {
@@ -57,6 +59,7 @@ impl Metrics {
             unread_rejected: counter("kvroute_unread_rejected"),
             admission_unavailable: counter("kvroute_admission_unavailable"),
             host_facts_malformed: counter("kvroute_host_facts_malformed"),
+            pick_retries: counter("kvroute_pick_retries"),
         }
     }
 

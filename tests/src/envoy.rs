@@ -65,6 +65,8 @@ pub struct EnvoyExtra {
     pub filters_before: String,
     /// Serve the LLM listener over TLS, verifying client certificates when presented.
     pub downstream_tls: Option<DownstreamTls>,
+    /// More state-service replicas: the state cluster's endpoints after `state_port`.
+    pub more_state_ports: Vec<u16>,
 }
 
 /// PEM files of the listener's TLS (a test CA made at test time).
@@ -78,7 +80,7 @@ pub struct DownstreamTls {
 
 impl Default for EnvoyExtra {
     fn default() -> Self {
-        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None, filters_before: String::new(), downstream_tls: None }
+        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None, filters_before: String::new(), downstream_tls: None, more_state_ports: Vec::new() }
     }
 }
 
@@ -200,7 +202,9 @@ impl Envoy {
             }
         }
         let endpoint = |p: u16| format!("{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}}}");
-        let lb_endpoints = format!("[{}]", opts.worker_ports.iter().map(|p| endpoint(*p)).collect::<Vec<_>>().join(", "));
+        let endpoints = |ports: &mut dyn Iterator<Item = &u16>| format!("[{}]", ports.map(|p| endpoint(*p)).collect::<Vec<_>>().join(", "));
+        let lb_endpoints = endpoints(&mut opts.worker_ports.iter());
+        let state_endpoints = endpoints(&mut std::iter::once(&opts.state_port).chain(&extra.more_state_ports));
         // Worker i's own cluster: i at priority 0, the others at priority 1 (its failover).
         let clusters: String = opts
             .worker_ports
@@ -237,7 +241,7 @@ impl Envoy {
         let config = template
             .replace("${ADMIN_PORT}", &admin_port.to_string())
             .replace("${LISTEN_PORT}", &port.to_string())
-            .replace("${STATE_PORT}", &opts.state_port.to_string())
+            .replace("${STATE_LB_ENDPOINTS}", &state_endpoints)
             .replace("${WASM_PATH}", &extra.module.clone().map_or_else(paths::filter_wasm, Ok)?.display().to_string())
             .replace("${WORKER_LB_ENDPOINTS}", &lb_endpoints)
             .replace("${WORKER_CLUSTERS}", clusters.trim_end())

@@ -78,7 +78,12 @@ impl FakeState {
 
     /// Binds a port the OS picks the first time, the same port after a stop.
     pub async fn restart(&mut self) -> Result<()> {
-        let app = Router::new().route("/v1/pick", post(pick)).route("/v1/report", post(report)).with_state(self.shared.clone());
+        let app = Router::new()
+            .route("/v1/pick", post(pick))
+            .route("/v1/report", post(report))
+            // Ready, as Envoy's health check of the state cluster asks.
+            .route("/readyz", get(|| async { "ready\n" }))
+            .with_state(self.shared.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (port, task) = serve_until(self.port, app, async move {
             let _ = rx.await;

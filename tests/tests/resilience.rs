@@ -6,7 +6,8 @@
 //! (Envoy's admin stats: NGINX shows no proxy-wasm metrics), checked where the host has them.
 
 use anyhow::Result;
-use kvroute_e2e::envoy::Mode;
+use kvroute_e2e::envoy::{EnvoyExtra, Mode};
+use kvroute_e2e::fake::{FakeState, PickBehavior};
 use kvroute_e2e::host::{for_each_host, Host};
 use kvroute_e2e::llm::{completion, header, tokens};
 use kvroute_e2e::net::wait_for;
@@ -59,6 +60,42 @@ async fn state_service_killed_mid_run_endpoint_mode() -> Result<()> {
 async fn state_service_killed_mid_run_cluster_mode() -> Result<()> {
     // Envoy-only: cluster mode.
     survives_state_service_death(Host::Envoy, Mode::Cluster).await
+}
+
+/// Must-show (issue 33): state replicas that fail cost no pick. Behind the same Envoy as the
+/// real state service: a replica that is up and ready but refuses every pick (503), and one
+/// that is dead (its port refuses connections). A refused pick is sent once more and the
+/// balancer gives it to another replica; the dead one fails its `/readyz` health checks and
+/// takes no pick. Every request is routed, none falls back. Envoy-only: NGINX's
+/// `state_cluster` is one address.
+#[tokio::test]
+async fn failed_state_replicas_cost_no_pick() -> Result<()> {
+    let refusing = FakeState::start(PickBehavior::Status(503)).await?;
+    let dead = kvroute_e2e::net::free_port();
+    let envoy = EnvoyExtra { more_state_ports: vec![refusing.port, dead], ..EnvoyExtra::default() };
+    let s = Stack::start(StackOptions { envoy, ..StackOptions::default() }).await?;
+    // Envoy started before the state service: once its probe found it (the refusing replica
+    // answers its probe too; the dead one never does).
+    wait_for("the state service and the refusing replica healthy in Envoy", Duration::from_secs(10), || async {
+        let stats = s.envoy().stats("^cluster\\.kvroute_state\\.membership_healthy$").await.ok()?;
+        (stats.first()?.1 == "2").then_some(())
+    })
+    .await?;
+    let url = s.url("/v1/completions");
+    for i in 0..12u32 {
+        let r = s.client.post(&url).json(&completion(MODEL, &tokens(300 + i, 48), 2, false)).send().await?;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-kvroute-fallback"), "", "request {i} fell back\n{}", s.log_tails());
+        assert!(header(&r, "x-kvroute-decision").starts_with("worker="), "request {i}: {:?}", r.headers());
+    }
+    let refused = refusing.picks().len() as u64;
+    assert!(refused >= 1, "the balancer gave the refusing replica no pick");
+    let retries = s.envoy().counter("kvroute_pick_retries").await?;
+    assert_eq!(retries, refused, "every refused pick went once more");
+    let stats = s.envoy().stats("^cluster\\.kvroute_state\\.health_check\\.failure$").await?;
+    assert!(stats.first().is_some_and(|(_, v)| v != "0"), "the dead replica fails its probe: {stats:?}");
+    counter_is(&s, "kvroute_fallback_pick_unavailable", 0).await?;
+    Ok(())
 }
 
 #[tokio::test]

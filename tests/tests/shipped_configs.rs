@@ -4,6 +4,10 @@
 //! and trusts no X-Forwarded-For hops, so a client's X-Forwarded-For never becomes the address
 //! that `trusted_sources` and the trusted-hop identity source are checked against. The NGINX
 //! configs never replace `$remote_addr` with a client header (no `real_ip`).
+//!
+//! Every Envoy config also heals and bounds itself (issue 33): the `kvroute_state` cluster
+//! health-checks `/readyz` and ejects a replica whose picks fail, every connection manager times
+//! out slow headers and bodies, and Envoy caps its downstream connections.
 
 use serde_yaml::Value;
 use std::path::PathBuf;
@@ -41,7 +45,7 @@ fn fill_placeholders(text: &str) -> String {
             Some(end) => {
                 let name = &rest[at..at + end + 1];
                 out.push_str(match name {
-                    "${WORKER_LB_ENDPOINTS}" => "[]",
+                    "${WORKER_LB_ENDPOINTS}" | "${STATE_LB_ENDPOINTS}" => "[]",
                     "${WORKER_CLUSTERS}" => "",
                     _ => "0",
                 });
@@ -85,6 +89,59 @@ fn every_connection_manager_takes_the_peer_from_the_connection() {
             assert_eq!(hops, 0, "{name}: a trusted X-Forwarded-For hop would let a client's header name the peer");
             assert!(m.get("original_ip_detection_extensions").is_none(), "{name}: the peer must be the connection's");
         }
+    }
+}
+
+/// The cluster named `name`, wherever the config lists clusters.
+fn cluster<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    match v {
+        Value::Mapping(m) => {
+            if m.get("name").and_then(Value::as_str) == Some(name) && m.contains_key("load_assignment") {
+                return Some(v);
+            }
+            m.values().find_map(|child| cluster(child, name))
+        }
+        Value::Sequence(s) => s.iter().find_map(|child| cluster(child, name)),
+        _ => None,
+    }
+}
+
+/// `"1s"` / `"0.25s"` in seconds.
+fn seconds(v: Option<&Value>) -> Option<f64> {
+    v?.as_str()?.strip_suffix('s')?.parse().ok()
+}
+
+#[test]
+fn every_state_cluster_ejects_a_failed_replica() {
+    for (name, config) in &envoy_configs() {
+        let state = cluster(config, "kvroute_state").unwrap_or_else(|| panic!("{name}: no kvroute_state cluster"));
+        let check = &state["health_checks"][0];
+        assert_eq!(check["http_health_check"]["path"].as_str(), Some("/readyz"), "{name}: health check on readiness");
+        assert!(seconds(check.get("interval")).is_some_and(|s| s <= 1.0), "{name}: probe every second at least");
+        assert!(check["unhealthy_threshold"].as_u64().is_some_and(|n| n <= 2), "{name}: two failed probes eject");
+        assert!(seconds(check.get("no_traffic_interval")).is_some_and(|s| s <= 5.0), "{name}: idle clusters are probed too");
+        let outlier = &state["outlier_detection"];
+        assert!(outlier["consecutive_5xx"].as_u64().is_some_and(|n| n <= 2), "{name}: two failed picks eject");
+        assert_eq!(outlier["max_ejection_percent"].as_u64(), Some(100), "{name}: any replica may be ejected");
+    }
+}
+
+#[test]
+fn every_envoy_bounds_slow_and_greedy_clients() {
+    for (name, config) in &envoy_configs() {
+        let mut managers = Vec::new();
+        connection_managers(config, &mut managers);
+        for m in managers {
+            assert!(seconds(m.get("request_headers_timeout")).is_some_and(|s| s > 0.0), "{name}: request_headers_timeout");
+            assert!(seconds(m.get("request_timeout")).is_some_and(|s| s > 0.0), "{name}: request_timeout");
+            assert!(seconds(m["common_http_protocol_options"].get("idle_timeout")).is_some_and(|s| s > 0.0), "{name}: idle_timeout");
+        }
+        let monitors = config["overload_manager"]["resource_monitors"].as_sequence().cloned().unwrap_or_default();
+        let limit = monitors
+            .iter()
+            .find(|m| m["name"].as_str() == Some("envoy.resource_monitors.global_downstream_max_connections"))
+            .and_then(|m| m["typed_config"]["max_active_downstream_connections"].as_u64());
+        assert!(limit.is_some_and(|n| n > 0), "{name}: a downstream connection limit");
     }
 }
 
