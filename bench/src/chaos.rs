@@ -9,7 +9,10 @@
 //! time-to-first-byte p50 / p99, and how long the router took to notice the fault and to
 //! recover from it:
 //! - a killed / frozen state replica: noticed at the first fallback after the fault, recovered
-//!   at the last fallback after it ended (routing resumed);
+//!   at the last fallback after it ended (routing resumed); for a replica that stays dead
+//!   (`dead_secs`, 60 s by default) the load goes on until it is back, and the fallbacks of
+//!   requests started more than a second into the fault are counted apart: what it costs once
+//!   Envoy's health check has taken the replica out;
 //! - a killed worker: noticed when replica 0 stops picking it, recovered when it takes picks
 //!   again after its restart;
 //! - a drained worker: noticed when the last replica marks it draining (replicated);
@@ -20,7 +23,7 @@
 use crate::stack::Stack;
 use crate::BenchError;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +35,8 @@ pub enum Fault {
     KillReplica(usize),
     /// SIGSTOP state replica r for `fault_secs`.
     FreezeReplica(usize),
+    /// `kill -9` state replica r, restarted after `dead_secs`, under load all along.
+    ReplicaDead(usize),
     /// `kill -9` worker i, restarted after `fault_secs`.
     KillWorker(usize),
     /// `POST /admin/workers/{i}/drain` on replica 0.
@@ -46,6 +51,7 @@ impl Fault {
             Fault::None => "no fault".into(),
             Fault::KillReplica(r) => format!("state replica {r} kill -9, restarted"),
             Fault::FreezeReplica(r) => format!("state replica {r} frozen (SIGSTOP)"),
+            Fault::ReplicaDead(r) => format!("state replica {r} dead for long (kill -9, restarted after dead_secs)"),
             Fault::KillWorker(i) => format!("worker {i} kill -9, restarted"),
             Fault::DrainWorker(i) => format!("worker {i} drained"),
             Fault::KillShard(i) => format!("Redis shard {i} kill -9, restarted"),
@@ -61,6 +67,8 @@ pub struct ChaosConfig {
     pub output_tokens: u32,
     pub fault_after: usize,
     pub fault_secs: f64,
+    /// How long `ReplicaDead` keeps the replica dead.
+    pub dead_secs: f64,
     pub model: String,
 }
 
@@ -87,6 +95,10 @@ pub struct ScenarioResult {
     pub ttfb_p99_ms: f64,
     pub detect_ms: Option<f64>,
     pub recover_ms: Option<f64>,
+    /// A dead replica: fallbacks of requests started more than 1 s into the fault, before it
+    /// was back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallbacks_after_1s: Option<usize>,
 }
 
 fn prompt(seed: usize, n: usize) -> Vec<u32> {
@@ -183,14 +195,17 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
     let url = format!("{}/v1/completions", stack.envoy_url());
     let prefixes: Arc<Vec<Vec<u32>>> = Arc::new((0..6).map(|p| prompt(7000 + p, cfg.prompt_tokens)).collect());
     let (next, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // The load goes on past `requests` until the fault is over (a long one outlasts them).
+    let over = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..cfg.concurrency.max(1))
         .map(|_| {
-            let (client, url, prefixes, next, done, cfg) = (client.clone(), url.clone(), prefixes.clone(), next.clone(), done.clone(), cfg.clone());
+            let (client, url, prefixes, next, done, over, cfg) =
+                (client.clone(), url.clone(), prefixes.clone(), next.clone(), done.clone(), over.clone(), cfg.clone());
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 loop {
                     let n = next.fetch_add(1, Ordering::SeqCst);
-                    if n >= cfg.requests {
+                    if n >= cfg.requests && over.load(Ordering::SeqCst) {
                         return out;
                     }
                     let mut p = prefixes[n % prefixes.len()].clone();
@@ -211,15 +226,17 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
     let (mut detect_ms, mut recover_ms, mut restored_at) = (None, None, None);
     match fault {
         Fault::None => {}
-        Fault::KillReplica(r) | Fault::FreezeReplica(r) => {
+        Fault::KillReplica(r) | Fault::FreezeReplica(r) | Fault::ReplicaDead(r) => {
             let name = Stack::replica_name(r);
-            if matches!(fault, Fault::KillReplica(_)) {
+            let killed = !matches!(fault, Fault::FreezeReplica(_));
+            if killed {
                 stack.kill(&name)?;
             } else {
                 stack.freeze(&name, true)?;
             }
+            let hold = if matches!(fault, Fault::ReplicaDead(_)) { Duration::from_secs_f64(cfg.dead_secs) } else { hold };
             tokio::time::sleep(hold).await;
-            if matches!(fault, Fault::KillReplica(_)) {
+            if killed {
                 stack.restart(&name)?;
             } else {
                 stack.freeze(&name, false)?;
@@ -256,12 +273,21 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
             recover_ms = when(back, Duration::from_secs(30), || async { shard_up(&replicas, &control, i).await == Some(true) }).await;
         }
     }
+    over.store(true, Ordering::SeqCst);
     let mut outcomes = Vec::new();
     for t in tasks {
         outcomes.extend(t.await.map_err(|e| BenchError::Stack(format!("load task: {e}")))?);
     }
     // Replica faults: noticed at the first fallback after the fault, recovered at the last.
-    if matches!(fault, Fault::KillReplica(_) | Fault::FreezeReplica(_)) {
+    let replica_fault = matches!(fault, Fault::KillReplica(_) | Fault::FreezeReplica(_) | Fault::ReplicaDead(_));
+    let fallbacks_after_1s = match (fault, restored_at) {
+        (Fault::ReplicaDead(_), Some(back)) => {
+            let settled = t0 + Duration::from_secs(1);
+            Some(outcomes.iter().filter(|o| o.started >= settled && o.started < back && !o.fallback.is_empty()).count())
+        }
+        _ => None,
+    };
+    if replica_fault {
         let fell: Vec<&Outcome> = outcomes.iter().filter(|o| o.ended >= t0 && !o.fallback.is_empty()).collect();
         detect_ms = fell.iter().map(|o| o.ended).min().map(|t| (t - t0).as_secs_f64() * 1000.0);
         if let Some(back) = restored_at {
@@ -289,6 +315,7 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
         ttfb_p99_ms: percentile(&ttfb, 0.99),
         detect_ms,
         recover_ms,
+        fallbacks_after_1s,
     })
 }
 
@@ -296,7 +323,7 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
 pub fn table(results: &[ScenarioResult]) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
     let mut t = String::from(
-        "| fault during load | failed / total | failed beyond those running on a killed worker | fallbacks by reason | TTFB p50 / p99 | noticed after | recovered after |\n|---|---|---|---|---|---|---|\n",
+        "| fault during load | failed / total | failed beyond those running on a killed worker | fallbacks by reason | fallbacks after its first second | TTFB p50 / p99 | noticed after | recovered after |\n|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let fallbacks = if r.fallbacks.is_empty() {
@@ -305,12 +332,13 @@ pub fn table(results: &[ScenarioResult]) -> String {
             r.fallbacks.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
         };
         t.push_str(&format!(
-            "| {} | {} / {} | {} | {} | {:.0} / {:.0} ms | {} | {} |\n",
+            "| {} | {} / {} | {} | {} | {} | {:.0} / {:.0} ms | {} | {} |\n",
             r.scenario,
             r.failed,
             r.total,
             r.failed_beyond_running,
             fallbacks,
+            r.fallbacks_after_1s.map_or("-".to_string(), |n| n.to_string()),
             r.ttfb_p50_ms,
             r.ttfb_p99_ms,
             ms(r.detect_ms),

@@ -29,6 +29,9 @@ pub struct ChaosArgs {
     /// How long a killed process stays dead / a frozen one frozen, seconds.
     #[arg(long, default_value_t = 4.0)]
     pub fault_secs: f64,
+    /// How long the "dead for long" scenario keeps a state replica dead, seconds (0: skip it).
+    #[arg(long, default_value_t = 60.0)]
+    pub dead_secs: f64,
     #[arg(long, default_value = "kvroute/sim-27b-fp8")]
     pub model: String,
     #[arg(long, default_value = "bench/results/chaos")]
@@ -43,7 +46,11 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
     let (replicas, shards) = (cfg.replicas, cfg.redis_shards);
     eprintln!("starting {} workers, {replicas} state replica(s), {shards} Redis shard(s) and Envoy (logs in {})", cfg.workers, cfg.work_dir.display());
     let mut stack = Stack::start(cfg).await?;
-    let mut scenarios = vec![Fault::None, Fault::KillReplica(0), Fault::FreezeReplica(0), Fault::KillWorker(1)];
+    let mut scenarios = vec![Fault::None, Fault::KillReplica(0), Fault::FreezeReplica(0)];
+    if replicas > 1 && args.dead_secs > 0.0 {
+        scenarios.push(Fault::ReplicaDead(0));
+    }
+    scenarios.push(Fault::KillWorker(1));
     if shards > 0 {
         scenarios.push(Fault::KillShard(0));
     }
@@ -56,6 +63,7 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
         output_tokens: args.output_tokens,
         fault_after: args.fault_after,
         fault_secs: args.fault_secs,
+        dead_secs: args.dead_secs,
         model: args.model.clone(),
     };
     let mut results = Vec::new();
