@@ -31,9 +31,11 @@ mod error;
 mod info;
 mod models;
 mod routes;
+mod serve;
 
 pub use codec::Format;
 pub use error::ApiError;
+pub use serve::serve;
 
 use crate::config::Config;
 use crate::fleet::Fleet;

@@ -34,7 +34,8 @@ async fn main() -> anyhow::Result<()> {
     let app = App::start(config, store).context("registering workers")?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, workers, %policy, "kvroute-state serving");
-    axum::serve(listener, app.router()).with_graceful_shutdown(shutdown()).await.context("serving")?;
+    let header_read = std::time::Duration::from_millis(app.config.timeouts.header_read_ms);
+    kvroute_state::api::serve(listener, app.router(), header_read, shutdown()).await;
     tracing::info!("kvroute-state stopped");
     Ok(())
 }

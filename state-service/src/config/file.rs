@@ -145,6 +145,9 @@ pub struct Timeouts {
     pub speculative_ttl_ms: u64,
     /// An engine silent for longer is shown as stale in `/v1/workers`.
     pub staleness_ms: u64,
+    /// A connection that has not sent a complete request head within this is closed (slow
+    /// or silent clients).
+    pub header_read_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -156,6 +159,7 @@ impl Default for Timeouts {
             first_token_ttl_ms: 120_000,
             speculative_ttl_ms: 2_000,
             staleness_ms: 30_000,
+            header_read_ms: 10_000,
         }
     }
 }

@@ -48,6 +48,7 @@ impl Config {
             ("timeouts.first_token_ttl_ms", t.first_token_ttl_ms),
             ("timeouts.speculative_ttl_ms", t.speculative_ttl_ms),
             ("timeouts.staleness_ms", t.staleness_ms),
+            ("timeouts.header_read_ms", t.header_read_ms),
         ] {
             if v == 0 {
                 return Err(invalid(name, "must be > 0"));
