@@ -291,7 +291,8 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
         let fell: Vec<&Outcome> = outcomes.iter().filter(|o| o.ended >= t0 && !o.fallback.is_empty()).collect();
         detect_ms = fell.iter().map(|o| o.ended).min().map(|t| (t - t0).as_secs_f64() * 1000.0);
         if let Some(back) = restored_at {
-            recover_ms = Some(fell.iter().map(|o| o.ended.saturating_duration_since(back).as_secs_f64() * 1000.0).fold(0.0, f64::max));
+            // None without a fallback: nothing to recover from.
+            recover_ms = fell.iter().map(|o| o.ended.saturating_duration_since(back).as_secs_f64() * 1000.0).reduce(f64::max);
         }
     }
     let failed = outcomes.iter().filter(|o| !o.served).count();
