@@ -18,13 +18,7 @@ fn cancel(id: u64) -> serde_json::Value {
 #[test]
 fn a_cancel_heard_by_another_replica_frees_the_pick_in_either_order() {
     let servers = shards(2);
-    let replicas: Vec<Replica> = (0..2)
-        .map(|i| {
-            let mut c = redis_config(&servers, &format!("r{i}"), i);
-            plain_workers(&mut c, 2);
-            Replica::start(c)
-        })
-        .collect();
+    let replicas = plain_replicas(&servers, 2);
     let rt = client_rt();
     let count = |r: &Replica| r.state.fleet.assignments().len();
 

@@ -9,13 +9,7 @@ use serde_json::json;
 #[test]
 fn a_free_lost_with_its_shard_is_reconciled_when_the_shard_returns() {
     let mut servers = shards(3);
-    let replicas: Vec<Replica> = (0..2)
-        .map(|i| {
-            let mut c = redis_config(&servers, &format!("r{i}"), i);
-            plain_workers(&mut c, 2);
-            Replica::start(c)
-        })
-        .collect();
+    let replicas = plain_replicas(&servers, 2);
     let rt = client_rt();
     let count = |r: &Replica| r.state.fleet.assignments().len();
     // A pick on replica 0 whose record lives on some shard; replica 1 adopts it.

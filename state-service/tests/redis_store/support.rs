@@ -104,6 +104,17 @@ pub fn plain_workers(config: &mut Config, n: usize) {
     }
 }
 
+/// `n` replicas (`r0`, `r1`, ...) on `servers`, each with the same two plain workers.
+pub fn plain_replicas(servers: &[RedisServer], n: usize) -> Vec<Replica> {
+    (0..n)
+        .map(|i| {
+            let mut c = redis_config(servers, &format!("r{i}"), i as u64);
+            plain_workers(&mut c, 2);
+            Replica::start(c)
+        })
+        .collect()
+}
+
 /// One state-service replica: Redis store, wiring, HTTP API on a free port.
 pub struct Replica {
     pub state: App,
