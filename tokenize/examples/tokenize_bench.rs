@@ -1,7 +1,9 @@
 //! Cost of exact chat tokenization + block keys per request, for conversations of about 2k,
 //! 8k and 32k tokens: cold (the conversation was never seen) vs warm (the previous turn was
 //! encoded, the request adds one assistant reply and one user turn). Reports medians of the
-//! parse+render, encode and key steps.
+//! parse+render, encode and key steps. Then the same cold requests encoded by 1, 2 and 4
+//! threads at once (what a pick's encode costs while other picks encode beside it), and one
+//! long fresh user message: cold, and grown by a paragraph after the shorter one was encoded.
 //!
 //! cargo run -p kvroute-tokenize --release --example tokenize_bench
 //! (KVROUTE_TOKENIZER_DIR=<dir with tokenizer.json> to skip the fixture fetch)
@@ -79,6 +81,41 @@ fn median(v: &[Duration]) -> f64 {
     v.get(v.len() / 2).map(|d| d.as_secs_f64() * 1e3).unwrap_or(f64::NAN)
 }
 
+/// Median ms per cold request when `threads` encode different conversations at once.
+fn concurrent_cold(dir: &std::path::Path, inputs: &[String], threads: usize) -> anyhow::Result<f64> {
+    let tok = ModelTokenizer::from_dir(dir)?;
+    let start = std::sync::Barrier::new(threads);
+    let times: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (tok, start) = (&tok, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let mut mine = Sample::default();
+                    for input in inputs.iter().skip(t).step_by(threads) {
+                        mine.measure(tok, input).expect("encode");
+                    }
+                    mine.total
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("thread")).collect()
+    });
+    Ok(median(&times))
+}
+
+/// About `bytes` bytes of prose with no added token in it (one piece), like a long pasted
+/// document.
+fn long_message(seed: u64, bytes: usize) -> String {
+    let mut rng = gen::rng(seed);
+    let mut text = String::new();
+    while text.len() < bytes {
+        text.push_str(&gen::text(&mut rng, 8).replace('<', "("));
+        text.push_str("\n\n");
+    }
+    text
+}
+
 fn main() -> anyhow::Result<()> {
     let dir = tokenizer_dir()?;
     let tok = ModelTokenizer::from_dir(&dir)?;
@@ -102,5 +139,29 @@ fn main() -> anyhow::Result<()> {
     }
     let s = tok.cache_stats();
     println!("cache: {} entries, {} KiB, hits {} misses {}", s.entries, s.bytes / 1024, s.hits, s.misses);
+
+    println!("\ncold ms per request, median, with N requests encoding at once ({} cores)", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!("{:>7} | {:>8} {:>8} {:>8}", "tokens", "N=1", "N=2", "N=4");
+    for target in [8_000usize, 32_000] {
+        let inputs: Vec<String> = (0..8u64).map(|rep| conversation(&tok, target as u64 * 7000 + rep, target).map(|c| c.0)).collect::<Result<_, _>>()?;
+        let per = [1, 2, 4].map(|n| concurrent_cold(&dir, &inputs, n));
+        println!("{:>7} | {:>8.3} {:>8.3} {:>8.3}", target, per[0].as_ref().map_or(f64::NAN, |v| *v), per[1].as_ref().map_or(f64::NAN, |v| *v), per[2].as_ref().map_or(f64::NAN, |v| *v));
+    }
+
+    println!("\none fresh user message: cold, and grown by a paragraph once the shorter one was encoded");
+    println!("{:>7} {:>6} | {:>8} {:>8}", "tokens", "bytes", "cold ms", "grown ms");
+    for bytes in [32usize << 10, 128 << 10] {
+        let (mut cold, mut grown) = (Sample::default(), Sample::default());
+        let mut shape = (0, 0);
+        for rep in 0..reps {
+            let text = long_message(bytes as u64 + rep, bytes);
+            let first = json!({"messages": [{"role": "user", "content": text}]}).to_string();
+            let next = json!({"messages": [{"role": "user", "content": format!("{text}{}", long_message(rep, 600))}]}).to_string();
+            shape = (tok.encode_chat_uncached(&first, Api::ChatCompletions)?.len(), first.len());
+            cold.measure(&tok, &first)?;
+            grown.measure(&tok, &next)?;
+        }
+        println!("{:>7} {:>6} | {:>8.3} {:>8.3}", shape.0, shape.1, median(&cold.total), median(&grown.total));
+    }
     Ok(())
 }

@@ -5,9 +5,15 @@
 //! a conversation therefore encodes only its new messages; the rest costs a hash and a lookup
 //! per piece. Equality with whole-prompt encoding is the invariant the tests check.
 //!
-//! A bounded encoding ([`CachedEncoder::encode_prefix`]) stops at a piece boundary, or inside a
-//! piece at a space no pre-token spans ([`SpaceCuts`]), so its ids are always the whole text's
-//! first ids.
+//! A long text piece is encoded and cached in chunks of about [`CHUNK_BYTES`], cut at the first
+//! space no pre-token spans past each chunk's start ([`SpaceCuts`]); a cut depends only on the
+//! text before it, so a prompt that repeats an earlier prompt's text (one long message grown by
+//! a paragraph) finds that text's chunks cached. Chunking is on only when the tokenizer passes
+//! a check that chunk encodings concatenate to the whole.
+//!
+//! A bounded encoding ([`CachedEncoder::encode_prefix`]) stops at a piece or chunk boundary, or
+//! inside a chunk at a space no pre-token spans, so its ids are always the whole text's first
+//! ids.
 //!
 //! Data flow: rendered text in (from `model`, or any caller holding text), ids out; built on
 //! [`crate::pieces`] and [`crate::cache`], with no knowledge of chat rendering.
@@ -32,11 +38,17 @@ impl Prefix {
     }
 }
 
+/// Text pieces longer than this are encoded and cached in chunks of at least this many bytes.
+pub const CHUNK_BYTES: usize = 2048;
+
 pub struct CachedEncoder {
     tokenizer: tokenizers::Tokenizer,
     splitter: Splitter,
     cache: PieceCache,
     space_cuts: SpaceCuts,
+    /// Whether long pieces are chunked: space cuts are exact and, on the probes, the encodings
+    /// of the two sides of every cut concatenate to the whole.
+    chunked: bool,
 }
 
 impl std::fmt::Debug for CachedEncoder {
@@ -44,6 +56,7 @@ impl std::fmt::Debug for CachedEncoder {
         f.debug_struct("CachedEncoder")
             .field("splitting", &self.splitter.is_enabled())
             .field("space_cuts", &self.space_cuts)
+            .field("chunked", &self.chunked)
             .field("cache", &self.cache)
             .finish()
     }
@@ -53,12 +66,18 @@ impl CachedEncoder {
     pub fn new(tokenizer: tokenizers::Tokenizer, cache_bytes: usize) -> CachedEncoder {
         let splitter = Splitter::new(&tokenizer);
         let space_cuts = SpaceCuts::check(&tokenizer);
-        CachedEncoder { tokenizer, splitter, cache: PieceCache::new(cache_bytes), space_cuts }
+        let chunked = space_cuts == SpaceCuts::Exact && chunks_concatenate(&tokenizer);
+        CachedEncoder { tokenizer, splitter, cache: PieceCache::new(cache_bytes), space_cuts, chunked }
     }
 
     /// Whether an over-budget piece is encoded up to a space (see [`SpaceCuts`]).
     pub fn cuts_at_spaces(&self) -> bool {
         self.space_cuts == SpaceCuts::Exact
+    }
+
+    /// Whether long pieces are encoded and cached in chunks (see [`CHUNK_BYTES`]).
+    pub fn chunks_pieces(&self) -> bool {
+        self.chunked
     }
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
@@ -76,7 +95,11 @@ impl CachedEncoder {
         for piece in self.splitter.split(text) {
             match piece {
                 Piece::Token(id) => ids.push(id),
-                Piece::Text(t) => ids.extend_from_slice(&self.encode_piece(t)?),
+                Piece::Text(t) => {
+                    for chunk in self.chunks(t) {
+                        ids.extend_from_slice(&self.encode_chunk(chunk)?);
+                    }
+                }
             }
         }
         Ok(ids)
@@ -84,32 +107,40 @@ impl CachedEncoder {
 
     /// Encodes the longest prefix of `text` that needs at most `budget` bytes of cache-missing
     /// text encoded and ends where the whole encoding has a token boundary: at a piece boundary
-    /// (an added token: `tokenizers` never merges across one) or, inside the first piece that
-    /// does not fit, at the last space within the budget that no pre-token spans
-    /// ([`SpaceCuts`]). Cached pieces cost nothing against the budget, so a warm conversation
-    /// is encoded whole; a cold long one stops within the budget, inside a long message too
-    /// (nothing of that message is encoded when the tokenizer cannot be cut at spaces).
+    /// (an added token: `tokenizers` never merges across one), a chunk boundary or, inside the
+    /// first chunk that does not fit, at the last space within the budget that no pre-token
+    /// spans ([`SpaceCuts`]). Cached chunks cost nothing against the budget, so a warm
+    /// conversation, or a prompt repeating cached text, is encoded whole; a cold long one stops
+    /// within the budget, inside a long message too (nothing of that message is encoded when
+    /// the tokenizer cannot be cut at spaces).
     pub fn encode_prefix(&self, text: &str, budget: usize) -> Result<Prefix, TokenizeError> {
         let pieces = self.splitter.split(text);
         let mut ids = Vec::with_capacity(text.len().min(budget.saturating_mul(2)) / 3);
         let mut spent = 0usize;
         for (i, piece) in pieces.iter().enumerate() {
-            match *piece {
-                Piece::Token(id) => ids.push(id),
-                Piece::Text(t) => {
-                    let cached = self.cache.peek(PieceHash::of(t)).is_some();
-                    if !cached && spent + t.len() > budget {
-                        let mut rest_bytes: usize = pieces.iter().skip(i).map(|p| if let Piece::Text(t) = p { t.len() } else { 0 }).sum();
-                        if let Some(cut) = self.space_cut(t, budget - spent) {
-                            // Cached too: the next turn of this conversation cuts here again.
-                            ids.extend_from_slice(&self.encode_piece(&t[..cut])?);
-                            rest_bytes -= cut;
-                        }
-                        return Ok(Prefix { ids, rest_bytes });
-                    }
-                    spent += if cached { 0 } else { t.len() };
-                    ids.extend_from_slice(&self.encode_piece(t)?);
+            let t = match *piece {
+                Piece::Token(id) => {
+                    ids.push(id);
+                    continue;
                 }
+                Piece::Text(t) => t,
+            };
+            let mut done = 0usize;
+            for chunk in self.chunks(t) {
+                let cached = self.cache.peek(PieceHash::of(chunk)).is_some();
+                if !cached && spent + chunk.len() > budget {
+                    let later: usize = pieces[i + 1..].iter().map(|p| if let Piece::Text(t) = p { t.len() } else { 0 }).sum();
+                    let mut rest_bytes = t.len() - done + later;
+                    if let Some(cut) = self.space_cut(chunk, budget - spent) {
+                        // Cached too: the next turn of this conversation cuts here again.
+                        ids.extend_from_slice(&self.encode_chunk(&chunk[..cut])?);
+                        rest_bytes -= cut;
+                    }
+                    return Ok(Prefix { ids, rest_bytes });
+                }
+                spent += if cached { 0 } else { chunk.len() };
+                done += chunk.len();
+                ids.extend_from_slice(&self.encode_chunk(chunk)?);
             }
         }
         Ok(Prefix { ids, rest_bytes: 0 })
@@ -124,7 +155,23 @@ impl CachedEncoder {
         last_space_cut(text, limit)
     }
 
-    fn encode_piece(&self, text: &str) -> Result<Arc<[u32]>, TokenizeError> {
+    /// `text` cut into chunks of at least [`CHUNK_BYTES`] at the first space cut past each
+    /// chunk's start; the whole text when chunking is off or nothing can be cut.
+    fn chunks<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        if !self.chunked || text.len() <= CHUNK_BYTES {
+            return vec![text];
+        }
+        let mut chunks = Vec::with_capacity(text.len() / CHUNK_BYTES + 1);
+        let mut start = 0;
+        while let Some(cut) = first_space_cut(text, start + CHUNK_BYTES) {
+            chunks.push(&text[start..cut]);
+            start = cut;
+        }
+        chunks.push(&text[start..]);
+        chunks
+    }
+
+    fn encode_chunk(&self, text: &str) -> Result<Arc<[u32]>, TokenizeError> {
         let key = PieceHash::of(text);
         if let Some(ids) = self.cache.get(key, text.len()) {
             return Ok(ids);
@@ -190,16 +237,52 @@ impl SpaceCuts {
     }
 }
 
+/// Whether, on the probes, the encodings of the two sides of every space cut concatenate to the
+/// whole encoding: the pre-tokens after a cut do not depend on the text before it (true of the
+/// byte-level regexes, whose matches restart at a pre-token boundary, and of Metaspace).
+fn chunks_concatenate(tokenizer: &tokenizers::Tokenizer) -> bool {
+    let encode = |t: &str| tokenizer.encode_fast(t, false).map(|e| e.get_ids().to_vec());
+    SPACE_CUT_PROBES.iter().all(|probe| {
+        let Ok(whole) = encode(probe) else { return false };
+        let mut from = 0;
+        while let Some(cut) = first_space_cut(probe, from) {
+            match (encode(&probe[..cut]), encode(&probe[cut..])) {
+                (Ok(head), Ok(tail)) if head.len() + tail.len() == whole.len() && whole.starts_with(&head) && whole.ends_with(&tail) => {}
+                _ => return false,
+            }
+            from = cut + 1;
+        }
+        true
+    })
+}
+
+/// The first `c >= from` where `text` has a space between two non-whitespace characters.
+fn first_space_cut(text: &str, from: usize) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut c = from + bytes.get(from..)?.iter().position(|&b| b == b' ')?;
+    loop {
+        if is_space_cut(text, c) {
+            return Some(c);
+        }
+        c += 1 + bytes[c + 1..].iter().position(|&b| b == b' ')?;
+    }
+}
+
+/// Whether the space at byte `c` of `text` lies between two non-whitespace characters.
+fn is_space_cut(text: &str, c: usize) -> bool {
+    // A space is one byte: `c` and `c + 1` are character boundaries.
+    let before = text[..c].chars().next_back();
+    let after = text[c + 1..].chars().next();
+    before.is_some_and(|ch| !ch.is_whitespace()) && after.is_some_and(|ch| !ch.is_whitespace())
+}
+
 /// The last `c <= limit` where `text` has a space between two non-whitespace characters.
 fn last_space_cut(text: &str, limit: usize) -> Option<usize> {
     let bytes = text.as_bytes();
     let end = limit.min(bytes.len().saturating_sub(1));
     let mut c = bytes.get(..=end)?.iter().rposition(|&b| b == b' ')?;
     loop {
-        // A space is one byte: `c` and `c + 1` are character boundaries.
-        let before = text[..c].chars().next_back();
-        let after = text[c + 1..].chars().next();
-        if before.is_some_and(|ch| !ch.is_whitespace()) && after.is_some_and(|ch| !ch.is_whitespace()) {
+        if is_space_cut(text, c) {
             return Some(c);
         }
         c = bytes[..c].iter().rposition(|&b| b == b' ')?;
@@ -208,7 +291,7 @@ fn last_space_cut(text: &str, limit: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::last_space_cut;
+    use super::{first_space_cut, last_space_cut};
 
     #[test]
     fn space_cuts_fall_between_non_spaces_within_the_limit() {
@@ -223,5 +306,16 @@ mod tests {
         assert_eq!(last_space_cut("", 100), None);
         // Multi-byte neighbours.
         assert_eq!(last_space_cut("你好 世界", 100), Some(6));
+    }
+
+    #[test]
+    fn chunk_cuts_are_the_first_space_between_non_spaces_from_a_point() {
+        assert_eq!(first_space_cut("ab cd ef", 0), Some(2));
+        assert_eq!(first_space_cut("ab cd ef", 2), Some(2));
+        assert_eq!(first_space_cut("ab cd ef", 3), Some(5));
+        assert_eq!(first_space_cut("ab cd ef", 6), None);
+        assert_eq!(first_space_cut("ab cd ef", 100), None);
+        assert_eq!(first_space_cut("ab  cd \nx y", 0), Some(9));
+        assert_eq!(first_space_cut("你好 世界", 0), Some(6));
     }
 }

@@ -231,3 +231,28 @@ fn warm_turn_hits_the_cache() {
     let after = tok.cache_stats();
     assert!(after.hit_bytes - before.hit_bytes > after.miss_bytes - before.miss_bytes, "{before:?} -> {after:?}");
 }
+
+/// One long user message grown by a paragraph (the shape of a fresh long prompt that repeats an
+/// earlier one's text): the earlier text's chunks are cached, so a warm encoder encodes the
+/// grown prompt whole within a budget far smaller than it, where a cold one cannot; every path
+/// still equals whole-prompt encoding.
+#[test]
+fn a_prompt_repeating_cached_text_encodes_only_what_is_new() {
+    let t = tokenizers();
+    assert!(t.cold.encoder().chunks_pieces(), "Qwen3's chunk encodings concatenate to the whole");
+    let words: Vec<String> = (0..6000).map(|i| format!("w{}{}", i % 97, ["", ",", ".", "'s", " -"][i % 5])).collect();
+    let chat = |text: String| serde_json::json!({"messages": [{"role": "user", "content": text}]});
+    let first = words[..3000].join(" ");
+    let grown = format!("{first} and then {}", words[3000..3250].join(" "));
+    check(&chat(grown.clone()), Api::ChatCompletions);
+    let render = |text: String| t.cold.render_chat(&chat(text).to_string(), Api::ChatCompletions).unwrap().text;
+    let (first, grown) = (render(first), render(grown));
+    let whole = t.cold.encoder().encode_uncached(&grown, false).unwrap();
+    let budget = 4096;
+    assert!(grown.len() > 4 * budget, "{} bytes", grown.len());
+    assert!(!t.cold.encoder().encode_prefix(&grown, budget).unwrap().complete());
+    t.warm.encoder().encode(&first).unwrap();
+    let warm = t.warm.encoder().encode_prefix(&grown, budget).unwrap();
+    assert!(warm.complete(), "{} bytes left", warm.rest_bytes);
+    assert_eq!(warm.ids, whole);
+}

@@ -235,7 +235,8 @@ pub struct Tokenization {
     /// Most bytes of not-yet-cached text one pick encodes; a longer prompt is keyed exactly
     /// up to the last message boundary within the budget, or up to a space inside the message
     /// or text that does not fit (32 KiB: ~8k tokens, ~11 ms cold on a shared 2-core VM;
-    /// shared prefixes and history are cached pieces and cost nothing). Where no such point is
+    /// shared prefixes, history and text an earlier prompt repeated are cached pieces, in
+    /// 2 KiB chunks inside long messages, and cost nothing). Where no such point is
     /// exact (no space within the budget, a tokenizer that cannot be cut at spaces) the pick
     /// routes on text chunks (`truncated`, `too_long`).
     pub max_encode_bytes: usize,
