@@ -13,6 +13,11 @@
 //! - backwards jump: the engine restarted, so its blocks are dropped (`clear_engine`) first;
 //! - same seq again: skipped.
 //!
+//! Joining: ZMQ drops what a publisher sends before a new subscription reaches it, so a stream
+//! still silent 1 s after subscribing is caught up from the replay buffer (from the next seq
+//! expected, 0 on a first join). A state service started beside engines that are already
+//! warm, and quiet, learns what they hold without waiting for their next batch.
+//!
 //! Warm start (`resume_from`, see `seq.rs`): after subscribing, replay from the mirror's seq
 //! on; live batches up to the last replayed one are duplicates. If the replay brings nothing
 //! the engine may have restarted, so the tracker resumes at the mirror's seq without a floor

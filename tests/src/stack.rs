@@ -271,6 +271,7 @@ impl Stack {
             (w["index_blocks"].as_u64()? >= blocks).then_some(())
         })
         .await
+        .map_err(|e| e.context(self.log_tails()))
     }
 
     /// Waits until the state service holds no assignment (every report arrived) and no worker

@@ -38,6 +38,11 @@ impl SeqTracker {
         self.replayed_through = replayed.then_some(last);
     }
 
+    /// The seq expected next: 0 before any.
+    pub(crate) fn next(&self) -> u64 {
+        self.last.map_or(0, |l| l + 1)
+    }
+
     /// Classifies `seq` and records it as the last one.
     pub(crate) fn observe(&mut self, seq: u64) -> SeqAction {
         if let Some(through) = self.replayed_through {

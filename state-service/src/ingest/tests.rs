@@ -181,6 +181,27 @@ fn unanswered_or_absent_replay_counts_the_gap_and_carries_on() {
     assert_eq!(index.engine_blocks(EngineSlot(3)), 2);
 }
 
+/// An engine that stored blocks before we subscribed and has been quiet since: about a second
+/// after joining, its replay buffer is read, so the blocks are indexed without a live batch;
+/// live batches the replay already brought are then duplicates, not a restart.
+#[test]
+fn a_quiet_stream_is_caught_up_after_joining() {
+    let index = Arc::new(MemoryIndex::new());
+    let mut fake = FakeEngine::new();
+    fake.publish(0, batch(vec![store(1, None, 0)], 0), false);
+    fake.publish(1, batch(vec![store(2, Some(1), 4)], 0), false);
+    let (_h, stats) = fake.start(&index, true, WAIT);
+    fake.serve_replay(false);
+    assert!(stats.wait_for_seq(1, WAIT), "caught up without any live batch");
+    assert_eq!(index.engine_blocks(EngineSlot(3)), 2);
+    fake.publish(1, batch(vec![store(2, Some(1), 4)], 0), true);
+    fake.publish(2, batch(vec![store(3, Some(2), 8)], 0), true);
+    assert!(stats.wait_for_seq(2, WAIT));
+    assert_eq!(index.engine_blocks(EngineSlot(3)), 3);
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    assert_eq!((n(&stats.duplicates), n(&stats.resets), n(&stats.gaps), n(&stats.replayed_batches)), (1, 0, 0, 2));
+}
+
 #[test]
 fn a_sequence_reset_drops_the_engine_first() {
     let index = Arc::new(MemoryIndex::new());

@@ -9,10 +9,12 @@ use kvroute_kv::index::KvIndex;
 use kvroute_kv::types::{EngineSlot, KvEvent};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a blocked receive wakes up to look at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
+/// A stream still silent this long after subscribing is caught up from the replay buffer.
+const JOIN_CATCH_UP: Duration = Duration::from_secs(1);
 /// Wait before retrying a socket that could not be set up.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -51,10 +53,14 @@ impl Worker {
         while !self.stopping() {
             match self.subscribe() {
                 Ok(sub) => {
-                    if let Some(from) = self.cfg.resume_from.take() {
-                        self.resume(from);
-                    }
-                    self.receive_loop(&sub)
+                    let catch_up_at = match self.cfg.resume_from.take() {
+                        Some(from) => {
+                            self.resume(from);
+                            None
+                        }
+                        None => Some(Instant::now() + JOIN_CATCH_UP),
+                    };
+                    self.receive_loop(&sub, catch_up_at)
                 }
                 Err(e) => {
                     self.stats.socket_errors.fetch_add(1, Ordering::Relaxed);
@@ -75,14 +81,23 @@ impl Worker {
         Ok(sub)
     }
 
-    fn receive_loop(&mut self, sub: &zmq::Socket) {
+    /// Applies live batches until the socket fails or the thread stops; at `catch_up_at`, if no
+    /// batch has arrived yet, catches up from the replay buffer (see [`Self::catch_up`]).
+    fn receive_loop(&mut self, sub: &zmq::Socket, mut catch_up_at: Option<Instant>) {
         while !self.stopping() {
             match sub.recv_multipart(0) {
                 Ok(frames) => {
+                    catch_up_at = None;
                     self.on_message(&frames);
                     self.stats.notify_progress();
                 }
-                Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => {}
+                Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => {
+                    if catch_up_at.is_some_and(|at| Instant::now() >= at) {
+                        catch_up_at = None;
+                        self.catch_up();
+                        self.stats.notify_progress();
+                    }
+                }
                 Err(e) => {
                     self.stats.socket_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "receive failed; resubscribing");
@@ -169,10 +184,28 @@ impl Worker {
 
     /// Warm start: replays everything the engine buffered from `from` (the mirror's seq) on.
     fn resume(&mut self, from: u64) {
-        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
-            self.seq.resume(from, false);
-            return;
-        };
+        match self.replay_from(from) {
+            Some(seq) => self.replayed_through(seq),
+            None => self.seq.resume(from, false),
+        }
+        tracing::info!(from, "resumed from the mirror");
+    }
+
+    /// The stream stayed silent after subscribing: replays what the engine buffered after the
+    /// last batch applied (everything, on a first join). Blocks stored before the subscription
+    /// reached the publisher (ZMQ drops those), or by an engine that has been quiet since we
+    /// started, are indexed now instead of at the next live batch, which may never come.
+    fn catch_up(&mut self) {
+        if let Some(seq) = self.replay_from(self.seq.next()) {
+            tracing::info!(through = seq, "caught up from the replay buffer after joining a quiet stream");
+            self.replayed_through(seq);
+        }
+    }
+
+    /// Replays and applies every batch the engine still buffers from `from` on; the last seq
+    /// applied, if any (none without a replay endpoint).
+    fn replay_from(&mut self, from: u64) -> Option<u64> {
+        let endpoint = self.cfg.replay_endpoint.clone()?;
         let (ctx, stop) = (self.ctx.clone(), Arc::clone(&self.stop));
         let req = ReplayRequest { endpoint: &connect_endpoint(&endpoint), from, until: u64::MAX, idle_timeout: self.cfg.replay_timeout, stop: &stop };
         let mut last = None;
@@ -182,16 +215,15 @@ impl Worker {
             self.apply_payload(payload);
         });
         if let Err(e) = result {
-            tracing::warn!(from, error = %e, "warm-start replay failed; resuming from the mirror");
+            tracing::warn!(from, error = %e, "replay from the buffer failed");
         }
-        match last {
-            Some(seq) => {
-                self.seq.resume(seq, true);
-                self.stats.set_last_seq(seq);
-            }
-            None => self.seq.resume(from, false),
-        }
-        tracing::info!(from, replayed_through = ?last, "resumed from the mirror");
+        last
+    }
+
+    /// Batches up to `seq` were applied from a replay: live ones up to it are duplicates.
+    fn replayed_through(&mut self, seq: u64) {
+        self.seq.resume(seq, true);
+        self.stats.set_last_seq(seq);
     }
 
     fn apply_payload(&mut self, payload: &[u8]) {
