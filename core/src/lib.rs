@@ -66,6 +66,7 @@ pub mod wire {
                 BudgetLimit::BudgetRequests => "requests",
                 BudgetLimit::BudgetConcurrency => "concurrency",
                 BudgetLimit::BudgetUnavailable => "unavailable",
+                BudgetLimit::BudgetQueue => "queue",
                 BudgetLimit::BudgetUnspecified => "unspecified",
             }
         }

@@ -69,11 +69,13 @@ mod tests {
 
     #[test]
     fn routes_override_the_default_policy() {
-        let raw = r#"{"state_unavailable":"reject","routes":{"free":{"unread_body":"reject"}}}"#;
+        let raw = r#"{"state_unavailable":"reject","service_class":"standard","routes":{"free":{"unread_body":"reject","service_class":"batch"}}}"#;
         let a: Admission = serde_json::from_str(raw).unwrap();
-        assert_eq!(a.policy(None), Policy { unread_body: OnUnread::Charge, state_unavailable: OnStateUnavailable::Reject });
+        let standard = "standard".to_string();
+        assert_eq!(a.policy(None), Policy { unread_body: OnUnread::Charge, state_unavailable: OnStateUnavailable::Reject, service_class: standard });
         assert_eq!(a.policy(Some("other")), a.policy(None));
-        assert_eq!(a.policy(Some("free")), Policy { unread_body: OnUnread::Reject, state_unavailable: OnStateUnavailable::Allow });
+        let batch = "batch".to_string();
+        assert_eq!(a.policy(Some("free")), Policy { unread_body: OnUnread::Reject, state_unavailable: OnStateUnavailable::Allow, service_class: batch });
         assert!(serde_json::from_str::<Admission>(r#"{"unread":"charge"}"#).is_err(), "a typo is refused");
     }
 

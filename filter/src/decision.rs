@@ -141,6 +141,8 @@ pub struct RequestMeta {
     pub assignment_id: u64,
     /// The downstream peer may see the decision's details (`trusted_sources`).
     pub trusted: bool,
+    /// The route's service class (`admission.service_class`), for the state service's queue.
+    pub service_class: String,
 }
 
 /// The pick request for a parsed LLM request.
@@ -162,6 +164,7 @@ pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> P
         tenant: meta.tenant.clone(),
         assignment_id: meta.assignment_id,
         previous_response_id: req.previous_response_id.clone().unwrap_or_default(),
+        service_class: meta.service_class.clone(),
         ..PickRequest::default()
     };
     match &req.prompt {

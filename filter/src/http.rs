@@ -19,7 +19,7 @@ use crate::report::{ResponseTracker, REPORTS_PER_PICK};
 use crate::shared::Shared;
 use crate::upstream::{for_log, served_by, upstream_failure, ServedBy};
 use kvroute_core::request::{parse, Api};
-use kvroute_core::wire::{DegradedReason, LocateRequest, PickRequest, PickResponse, Report, ReportKind, UnreadBody};
+use kvroute_core::wire::{DegradedReason, LocateRequest, PickRequest, PickResponse, QueuedPick, Report, ReportKind, UnreadBody};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
@@ -73,11 +73,29 @@ pub struct HttpFilter {
     /// Request body bytes seen so far.
     body_bytes: usize,
     /// The pick in flight and when its time runs out (host ms), kept to send it once more if
-    /// the replica that got it refuses it; `None` once it was sent again.
+    /// the replica that got it refuses it, or again while the state service queues it.
     resend: Option<(PickRequest, f64)>,
     /// The pick in flight is the second try.
     resent: bool,
+    /// When the state service first answered that the pick waits in its queue (host ms).
+    queued_since_ms: Option<f64>,
 }
+
+/// What a pick's answer means for the request.
+enum Applied {
+    /// Routed to the chosen worker (or the default route, with the decision applied).
+    Routed,
+    /// Answered here (a rejection, vLLM's 404 for a stored response): the request goes nowhere.
+    Answered(Reply),
+    /// Every worker is saturated: the pick waits in the state service's queue.
+    Queued(QueuedPick),
+}
+
+/// The longest a request waits in the state service's queue, whatever it answers: a guard
+/// against a service that keeps answering `queued` (its classes' deadlines shed long before).
+const MAX_QUEUE_WAIT_MS: f64 = 600_000.0;
+/// Allowed on top of the service's hold and the pick timeout for a queued pick's call.
+const QUEUE_CALL_MARGIN: Duration = Duration::from_millis(100);
 
 /// Identity's view of the host, for one request's headers.
 struct HostFacts<F: Fn(&[Cidr]) -> bool> {
@@ -116,6 +134,7 @@ impl HttpFilter {
             body_bytes: 0,
             resend: None,
             resent: false,
+            queued_since_ms: None,
         }
     }
 
@@ -190,7 +209,7 @@ impl HttpFilter {
                 host::increment(self.shared.metrics.picks);
                 let now = host::now_ms();
                 self.phase = Phase::Picking { token, sent_ms: now };
-                self.resend = (!self.resent).then_some((pick, now + timeout.as_secs_f64() * 1000.0));
+                self.resend = Some((pick, now + timeout.as_secs_f64() * 1000.0));
                 Action::Pause
             }
             Err(status) => {
@@ -229,7 +248,7 @@ impl HttpFilter {
 
     /// Applies a pick response: `Ok(Some(reply))` when the tenant's budget rejected the
     /// request (the filter answers it), the fallback reason when it cannot be used.
-    fn apply_pick(&mut self, body_size: usize) -> Result<Option<Reply>, (FallbackReason, String)> {
+    fn apply_pick(&mut self, body_size: usize) -> Result<Applied, (FallbackReason, String)> {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status");
         // A non-2xx answer is never read for a reason: the state service says "unknown model"
         // (and every other why) in a 200's `degraded_reason`, so the status alone classifies.
@@ -243,15 +262,18 @@ impl HttpFilter {
             host::add(self.shared.metrics.reports_sent, self.carried.len() as u64);
             self.carried.clear();
         }
+        if let Some(queued) = resp.queued {
+            return Ok(Applied::Queued(queued));
+        }
         if let Some(rejection) = &resp.rejection {
             host::increment(self.shared.metrics.rejected);
             host::log(LogLevel::Info, &format!("kvroute: request {} of tenant {} rejected: {}", self.meta.request_id, self.meta.tenant, rejection.message));
-            return Ok(Some(reply::rejected(self.api, rejection)));
+            return Ok(Applied::Answered(reply::rejected(self.api, rejection)));
         }
         if matches!(resp.degraded_reason(), DegradedReason::DegradedResponseOwnerGone | DegradedReason::DegradedResponseNotFound) {
             // The conversation it continues was stored by a worker that is gone, or is another
             // tenant's: vLLM's 404, as if it did not exist.
-            return Ok(Some(reply::response_not_found(&self.previous_response_id)));
+            return Ok(Applied::Answered(reply::response_not_found(&self.previous_response_id)));
         }
         if self.unread != UnreadBody::UnreadNone || resp.worker_id.is_empty() {
             // The default route takes it; admitted under a budget, its outcome is reported.
@@ -272,7 +294,27 @@ impl HttpFilter {
         }
         self.decision = Some(route.decision);
         self.address = route.address;
-        Ok(None)
+        Ok(Applied::Routed)
+    }
+
+    /// The state service holds the pick in its queue: asks again with its ticket, allowing
+    /// the call the service's hold plus the pick timeout, so a replica that dies or freezes
+    /// meanwhile costs the request a fallback within about a second, not its whole wait.
+    fn wait_in_queue(&mut self, mut pick: PickRequest, queued: QueuedPick) {
+        let now = host::now_ms();
+        let waited = (now - *self.queued_since_ms.get_or_insert(now)).max(0.0);
+        if waited > MAX_QUEUE_WAIT_MS {
+            self.fall_back(FallbackReason::PickTimeout, &format!(": queued {waited:.0} ms"));
+            return host::resume_request();
+        }
+        host::increment(self.shared.metrics.pick_waits);
+        host::log(LogLevel::Debug, &format!("kvroute: request {} waits in the queue ({} ahead)", self.meta.request_id, queued.ahead));
+        pick.ticket = queued.ticket;
+        pick.queued_ms = waited as u32;
+        let timeout = Duration::from_millis(u64::from(queued.wait_ms)) + self.shared.config.pick_timeout + QUEUE_CALL_MARGIN;
+        if self.dispatch_pick(pick, timeout) == Action::Continue {
+            host::resume_request();
+        }
     }
 
     /// A stored response's `GET` / `DELETE` / cancel: asks the state service where it lives.
@@ -388,8 +430,12 @@ impl Context for HttpFilter {
         host::record(self.shared.metrics.pick_latency_us, (elapsed * 1000.0).round() as u64);
         let applied = self.apply_pick(body_size);
         self.return_carried();
-        let resend = self.resend.take();
-        if let (Err((reason, detail)), Some((pick, deadline_ms))) = (&applied, resend) {
+        let in_flight = self.resend.take();
+        if let (Ok(Applied::Queued(queued)), Some((pick, _))) = (&applied, &in_flight) {
+            let (pick, queued) = (pick.clone(), *queued);
+            return self.wait_in_queue(pick, queued);
+        }
+        if let (Err((reason, detail)), Some((pick, deadline_ms)), false) = (&applied, in_flight, self.resent) {
             let left = Duration::from_secs_f64(((deadline_ms - host::now_ms()) / 1000.0).max(0.0));
             if let Some(timeout) = pick_retry(*reason, left) {
                 host::increment(self.shared.metrics.pick_retries);
@@ -403,8 +449,10 @@ impl Context for HttpFilter {
         }
         match applied {
             // Answered here: the request goes nowhere.
-            Ok(Some(reply)) => return host::send_reply(&reply),
-            Ok(None) => {}
+            Ok(Applied::Answered(reply)) => return host::send_reply(&reply),
+            Ok(Applied::Routed) => {}
+            // Queued without a pick to send again (cannot happen: every call keeps its pick).
+            Ok(Applied::Queued(_)) => self.fall_back(FallbackReason::PickDecode, ": queued pick lost"),
             Err((reason, _)) if crate::admission::unanswered(reason) && self.admission.refuses_unanswered(&self.meta) => {
                 return self.refuse_unanswered(reason);
             }
@@ -462,6 +510,7 @@ impl HttpContext for HttpFilter {
         self.api = Some(api);
         let route = if c.route_variable.is_none() { host::property(&["xds", "route_name"]) } else { None };
         self.admission = c.admission.policy(route.as_deref());
+        self.meta.service_class = self.admission.service_class.clone();
         host::increment(self.shared.metrics.llm_requests);
         self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
         self.meta.trusted = c.decision_header && c.trusts(peer.as_deref());

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub host_facts_malformed: Option<u32>,
     /// Picks a replica refused, sent once more (to another replica, where the host balances).
     pub pick_retries: Option<u32>,
+    /// Calls sent again for a pick the state service holds in its queue (every worker saturated).
+    pub pick_waits: Option<u32>,
 }
 
 impl Metrics {
@@ -60,6 +62,7 @@ impl Metrics {
             admission_unavailable: counter("kvroute_admission_unavailable"),
             host_facts_malformed: counter("kvroute_host_facts_malformed"),
             pick_retries: counter("kvroute_pick_retries"),
+            pick_waits: counter("kvroute_pick_waits"),
         }
     }
 

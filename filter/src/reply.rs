@@ -20,6 +20,8 @@ pub struct Reply {
 enum Kind {
     RateLimit,
     Unavailable,
+    /// Every worker saturated and the request's queue deadline passed.
+    Overloaded,
     Unauthenticated,
     InvalidRequest,
     TooLarge,
@@ -31,6 +33,7 @@ fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u
             let t = match kind {
                 Kind::RateLimit => "rate_limit_error",
                 Kind::Unavailable => "api_error",
+                Kind::Overloaded => "overloaded_error",
                 Kind::Unauthenticated => "authentication_error",
                 Kind::InvalidRequest => "invalid_request_error",
                 Kind::TooLarge => "request_too_large",
@@ -41,6 +44,7 @@ fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u
             let code = match kind {
                 Kind::RateLimit => "rate_limit_exceeded",
                 Kind::Unavailable => "budget_unavailable",
+                Kind::Overloaded => "overloaded",
                 Kind::Unauthenticated => "invalid_api_key",
                 Kind::InvalidRequest => "invalid_request",
                 Kind::TooLarge => "request_too_large",
@@ -51,13 +55,14 @@ fn body(api: Option<Api>, kind: Kind, message: &str, openai_type: &str) -> Vec<u
     value.to_string().into_bytes()
 }
 
-/// 429 (503 when the budget store is unavailable) for a request its tenant's budget did not
-/// admit, with `Retry-After` in whole seconds (at least 1) and `retry-after-ms` (which the
+/// 429 (503 when the budget store is unavailable, or when the request waited out its queue
+/// deadline on a saturated fleet) for a request that was not admitted, with `Retry-After` in whole seconds (at least 1) and `retry-after-ms` (which the
 /// OpenAI SDK prefers when present).
 pub fn rejected(api: Option<Api>, rejection: &Rejection) -> Reply {
     let limit = BudgetLimit::try_from(rejection.limit).unwrap_or(BudgetLimit::BudgetUnspecified);
     let (status, kind, openai_type) = match limit {
         BudgetLimit::BudgetUnavailable => (503, Kind::Unavailable, "server_error"),
+        BudgetLimit::BudgetQueue => (503, Kind::Overloaded, "server_error"),
         BudgetLimit::BudgetTokens => (429, Kind::RateLimit, "tokens"),
         BudgetLimit::BudgetRequests => (429, Kind::RateLimit, "requests"),
         _ => (429, Kind::RateLimit, "requests"),

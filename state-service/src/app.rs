@@ -107,7 +107,7 @@ impl App {
     }
 
     /// [`App::build`], then starts the background work: tokenizer loads, every worker's
-    /// feeds, the sweeper and the budget overrides' refresh. Needs a tokio runtime.
+    /// feeds, the sweeper, the queue's dispatcher and the budget overrides' refresh. Needs a tokio runtime.
     pub fn start(config: Config, store: Store) -> Result<App, AddWorkerError> {
         let app = App::build(config, store)?;
         app.tokenization.preload(app.fleet.workers().iter().map(|w| w.config.model.clone()).collect());
@@ -120,6 +120,7 @@ impl App {
                 fleet.sweep(Instant::now());
             }
         });
+        tokio::spawn(app.picker.clone().dispatch_forever());
         if app.tenants.is_shared() {
             let tenants = app.tenants.clone();
             tokio::spawn(async move {

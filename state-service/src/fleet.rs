@@ -79,6 +79,7 @@ pub struct WorkerView {
 /// A pick's one snapshot of its model: the workers serving `model` (a base model or a LoRA
 /// adapter) that take picks (healthy, not suspect, not draining), their block size, and
 /// whether any is registered at all.
+#[derive(Clone)]
 pub struct ModelView {
     pub workers: Vec<WorkerView>,
     pub block_size: u32,

@@ -14,6 +14,7 @@ pub mod membership;
 pub mod metrics;
 pub mod pick;
 pub mod reporter;
+pub mod sched;
 pub mod store;
 pub mod stored;
 pub mod tenancy;

@@ -7,7 +7,9 @@
 //!    only its tenant reaches it);
 //! 3. [`plan`]: one snapshot of the model's healthy workers, every candidate's match,
 //!    prediction and cost, and the policy's pure choice ([`kvroute_score::choose`]) with this
-//!    pick's own rng; or the proxy's default route;
+//!    pick's own rng; or the proxy's default route. With `[scheduling]` on, a pick whose
+//!    candidates are all saturated is queued instead ([`wait`]) and planned when a worker
+//!    frees capacity, among the unsaturated workers;
 //! 4. [`admit`]: the tenant's budget reserves what the request will cost, routed or not;
 //! 5. [`commit`]: the assignment is recorded (and shared), the answer built.
 //!
@@ -26,8 +28,10 @@ pub mod commit;
 pub mod metrics;
 pub mod plan;
 pub mod prompt;
+pub mod wait;
 
 pub use metrics::PickMetrics;
+pub use wait::{Picked, Scheduler};
 pub use prompt::{PromptView, MAX_PICK_KEYS};
 
 use crate::assign::AssignmentId;
@@ -122,6 +126,7 @@ pub struct Picker {
     policy: RwLock<Policy>,
     config: PickConfig,
     metrics: PickMetrics,
+    sched: Scheduler,
 }
 
 /// What a [`Picker`] is built from.
@@ -146,13 +151,28 @@ impl Picker {
             policy: RwLock::new(config.policy),
             config: PickConfig::from(config),
             metrics: PickMetrics::register(registry),
+            sched: Scheduler::new(config.scheduling.clone(), registry),
         }
     }
 
-    /// Decides where `req` goes (see the module docs for the stages).
+    /// Decides where `req` goes, waiting in the queue as long as it takes (in-process callers;
+    /// the API holds a proxy's call only `scheduling.wait_ms`, see [`Picker::pick_or_queue`]).
     pub async fn pick(&self, req: &PickRequest, deadline: Deadline) -> PickResponse {
+        match self.pick_or_queue(req, deadline).await {
+            Picked::Decided(response) => response,
+            Picked::Queued(waiting) => waiting.decision().await,
+        }
+    }
+
+    /// Decides where `req` goes (see the module docs for the stages), or queues it.
+    pub async fn pick_or_queue(&self, req: &PickRequest, deadline: Deadline) -> Picked {
         let arrived = Instant::now();
         let req = &self.with_model(req);
+        if req.ticket != 0 && self.sched.enabled() {
+            if let Some(picked) = self.resume_ticket(req.ticket) {
+                return picked;
+            }
+        }
         let policy = self.policy();
         let prompt = self.prompt(policy, req, deadline.tokenize_until).await;
         // `pick_latency_seconds` is the decision; tokenizing has its own `tokenize_seconds`.
@@ -161,18 +181,28 @@ impl Picker {
             Target::Unread => Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedUnreadBody)),
             Target::Gone => Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedResponseOwnerGone)),
             Target::NotFound => Plan::Fallback(self.fallback(policy, req, DegradedReason::DegradedResponseNotFound)),
+            // A continued conversation goes to its one worker whatever its load.
+            Target::Workers { view, continued: 0 } if self.sched.enabled() => match self.maybe_queue(policy, req, &view, prompt) {
+                Ok(picked) => return picked,
+                Err(prompt) => self.plan(policy, req, view, prompt, 0),
+            },
             Target::Workers { view, continued } => self.plan(policy, req, view, prompt, continued),
         };
-        let response = match self.admit(req, &plan).await {
-            (_, Admission::Rejected(rejection)) => rejected(policy, rejection),
-            (reservation, admission) => self.commit(req, plan, reservation, admission.scope().cloned()),
-        };
-        let response = self.finish(policy, started, response);
+        let response = self.admit_and_commit(policy, req, plan, started).await;
         self.metrics.answer.observe(arrived.elapsed().as_secs_f64());
         if deadline.answer_by.is_some_and(|by| Instant::now() > by) && response.assignment_id != 0 {
             self.abandon(AssignmentId(response.assignment_id));
         }
-        response
+        Picked::Decided(response)
+    }
+
+    /// Stages 4 and 5: the budget, then the record and the answer; counted.
+    async fn admit_and_commit(&self, policy: Policy, req: &PickRequest, plan: Plan, started: Instant) -> PickResponse {
+        let response = match self.admit(req, &plan).await {
+            (_, Admission::Rejected(rejection)) => rejected(policy, rejection),
+            (reservation, admission) => self.commit(req, plan, reservation, admission.scope().cloned()),
+        };
+        self.finish(policy, started, response)
     }
 
     /// Where a stored Responses API response lives (the proxy's `GET` / `DELETE` / cancel on

@@ -249,6 +249,20 @@ impl Stack {
         format!("http://127.0.0.1:{}{}", self.http_base as usize + i, path)
     }
 
+    /// The sum of the state service's `/metrics` samples named `name` whose line contains
+    /// `labels` (e.g. `outcome="dispatched"`; "" for all); 0 when there are none.
+    pub async fn metric(&self, name: &str, labels: &str) -> Result<f64> {
+        let text = self.client.get(self.state_url("/metrics")).send().await?.error_for_status()?.text().await?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains(labels))
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                (series.split('{').next()? == name).then(|| value.parse::<f64>().ok()).flatten()
+            })
+            .sum())
+    }
+
     /// `GET /v1/workers` of the state service.
     pub async fn workers_view(&self) -> Result<Value> {
         Ok(self.client.get(self.state_url("/v1/workers")).send().await?.error_for_status()?.json().await?)

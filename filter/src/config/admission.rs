@@ -29,11 +29,15 @@ pub enum OnStateUnavailable {
 }
 
 /// One route's admission policy.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Policy {
     pub unread_body: OnUnread,
     pub state_unavailable: OnStateUnavailable,
+    /// The service class its requests are queued in when every worker is saturated (the state
+    /// service's `[scheduling.classes]`); empty: the tenant's class there, else its default.
+    /// The route is a verified source: a client cannot choose its class.
+    pub service_class: String,
 }
 
 /// `admission` as written: the policy for every route, and per Envoy route name.
@@ -42,6 +46,7 @@ pub struct Policy {
 pub struct Admission {
     pub unread_body: OnUnread,
     pub state_unavailable: OnStateUnavailable,
+    pub service_class: String,
     pub routes: BTreeMap<String, Policy>,
 }
 
@@ -50,8 +55,8 @@ impl Admission {
     /// does not say).
     pub fn policy(&self, route: Option<&str>) -> Policy {
         match route.and_then(|r| self.routes.get(r)) {
-            Some(p) => *p,
-            None => Policy { unread_body: self.unread_body, state_unavailable: self.state_unavailable },
+            Some(p) => p.clone(),
+            None => Policy { unread_body: self.unread_body, state_unavailable: self.state_unavailable, service_class: self.service_class.clone() },
         }
     }
 }

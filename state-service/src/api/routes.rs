@@ -1,7 +1,7 @@
 //! The request path: pick, report, locate.
 
 use super::{ApiError, Format, PickGate};
-use crate::pick::{Deadline, Picker};
+use crate::pick::{Deadline, Picked, Picker};
 use crate::reporter::Reporter;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -35,7 +35,7 @@ pub async fn pick(
         Ok(slot) => Some(slot),
         Err(_) => tokio::time::timeout(gate.queue, gate.slots.acquire()).await.ok().and_then(Result::ok),
     };
-    let Some(_slot) = slot else {
+    let Some(slot) = slot else {
         gate.metrics.picks_shed.inc();
         return Err(ApiError::Overloaded(gate.max));
     };
@@ -48,7 +48,14 @@ pub async fn pick(
         return Err(ApiError::BadRequest("PickRequest.tenant: 1 to 128 printable characters, no spaces".into()));
     }
     let deadline = timeout.map_or_else(Deadline::default, |t| Deadline::after(arrived, t));
-    let mut response = picker.pick(&request, deadline).await;
+    let mut response = match picker.pick_or_queue(&request, deadline).await {
+        Picked::Decided(response) => response,
+        // A queued pick waits without holding one of the concurrent-pick slots.
+        Picked::Queued(waiting) => {
+            drop(slot);
+            waiting.answer().await
+        }
+    };
     response.reports_applied = applied;
     Ok(format.respond(&response))
 }

@@ -73,6 +73,8 @@ pub struct Config {
     pub tenancy: crate::tenancy::TenancyConfig,
     /// Which worker stores each Responses API response (see `responses.rs`).
     pub responses: crate::stored::ResponsesConfig,
+    /// Queueing picks while every worker is saturated (see `sched.rs`).
+    pub scheduling: crate::sched::SchedulingConfig,
 }
 
 impl Default for Config {
@@ -102,6 +104,7 @@ impl Default for Config {
             allowed_targets: Vec::new(),
             tenancy: crate::tenancy::TenancyConfig::default(),
             responses: crate::stored::ResponsesConfig::default(),
+            scheduling: crate::sched::SchedulingConfig::default(),
         }
     }
 }

@@ -54,6 +54,9 @@ impl Config {
                 return Err(invalid(name, "must be > 0"));
             }
         }
+        if let Some(problem) = self.scheduling.problems().into_iter().next() {
+            return Err(invalid("scheduling", problem));
+        }
         if t.first_token_ttl_ms > t.assignment_ttl_ms {
             return Err(invalid("timeouts.first_token_ttl_ms", "must not exceed assignment_ttl_ms"));
         }
@@ -246,6 +249,22 @@ mod tests {
     fn example_config_is_valid() {
         let c = Config::from_toml(EXAMPLE).expect("example config");
         assert!(!c.workers.is_empty());
+    }
+
+    #[test]
+    fn scheduling_names_only_configured_classes() {
+        let c = Config::from_toml(EXAMPLE).expect("example config");
+        assert_eq!(c.scheduling, crate::sched::SchedulingConfig::default(), "the example shows the defaults");
+        let bad = "[scheduling]\ndefault_class = \"gold\"\n";
+        assert!(Config::from_toml(bad).unwrap_err().to_string().contains("scheduling"));
+        let bad = "[scheduling.tenants.a]\nclass = \"gold\"\n";
+        assert!(Config::from_toml(bad).unwrap_err().to_string().contains("gold"));
+        let bad = "[scheduling.tenants.a]\nweight = 0\n";
+        assert!(Config::from_toml(bad).is_err());
+        let ok = "[scheduling]\nenabled = true\ndefault_class = \"x\"\n[scheduling.classes.x]\nqueue_deadline_ms = 100\n[scheduling.tenants.a]\nclass = \"x\"\n";
+        let c = Config::from_toml(ok).expect("a class of its own");
+        assert_eq!(c.scheduling.class_of("", "a"), "x");
+        assert_eq!(c.scheduling.class_of("nope", "b"), "x");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// What the prompt stage found.
+#[derive(Clone)]
 pub(super) enum Keyed {
     /// Exact keys computed here (text or chat prompts tokenized).
     Exact(PromptView),

@@ -1,0 +1,155 @@
+//! Scheduling: picks wait in the state service, not in a worker's queue, while every worker
+//! that could take them is saturated, and are bound to a worker only when one frees capacity.
+//!
+//! The rule (all stated in [`SchedulingConfig`]): a worker is *saturated* when the prefill
+//! already waiting there (our requests without a first token, and the engine's own queue at
+//! `priors.default_request_tokens` a request) would delay a new request by at least
+//! `saturation_wait_ms` at the worker's calibrated per-token cost, or its KV cache is at least
+//! `max_kv_usage` full. A pick whose candidates are all saturated, or that finds picks of its
+//! model already queued (no overtaking), waits; below saturation nothing waits.
+//!
+//! The order ([`queue::Queue`]): service classes strictly by their order; within a class,
+//! tenants by deficit round robin over the prefill tokens their requests are predicted to
+//! cost (weights from `[scheduling.tenants]`); within a tenant, shortest predicted prefill
+//! first, aged by `aging_tokens_per_s` so that a request of `c` tokens is overtaken by
+//! shorter new ones for at most `c / aging_tokens_per_s` seconds. Every queued request leaves
+//! by its class's `queue_deadline_ms`: dispatched, or shed with a 503 and `Retry-After`.
+//!
+//! The proxy waits in steps of `wait_ms` (see `PickResponse.queued`), so a replica that dies
+//! or freezes while holding queued picks costs each a fallback after at most one step plus the
+//! filter's margin, and a step that lands on another replica queues the pick there with the
+//! seniority it had (`PickRequest.queued_ms`).
+
+pub mod queue;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `[scheduling]`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulingConfig {
+    /// Queue picks while every worker is saturated (off: every pick is placed at once, as
+    /// before scheduling existed).
+    pub enabled: bool,
+    /// A worker is saturated when the prefill waiting there would delay a new request this
+    /// long (ms) or more.
+    pub saturation_wait_ms: f64,
+    /// ... or when its KV cache is at least this full (0..1, scraped `kv_cache_usage_perc`).
+    pub max_kv_usage: f64,
+    /// How long one call of the proxy is held waiting for a decision (ms): also the most a
+    /// replica that dies holding a queued pick can cost it before the proxy falls back.
+    pub wait_ms: u32,
+    /// A decision made while its proxy was between two calls is kept this long for the next
+    /// call (ms); then its assignment is cancelled (the proxy went elsewhere).
+    pub unclaimed_ms: u64,
+    /// Within a tenant, a queued request gains this many tokens of priority per second waited.
+    pub aging_tokens_per_s: f64,
+    /// Deficit round robin quantum: prefill tokens a tenant of weight 1 may dispatch per round.
+    pub quantum_tokens: u64,
+    /// Most picks queued per model; more are shed at once.
+    pub max_queued: usize,
+    /// The class of a request whose proxy and tenant name none.
+    pub default_class: String,
+    /// Service classes by name.
+    pub classes: BTreeMap<String, ClassConfig>,
+    /// Tenant -> its class and fair-share weight.
+    pub tenants: BTreeMap<String, TenantSchedule>,
+}
+
+/// One service class.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Lower goes first; classes with the same order are served as one, by their names.
+    pub order: u32,
+    /// Longest wait in the queue (ms); 0: never waits (shed at once when saturated).
+    pub queue_deadline_ms: u64,
+}
+
+impl Default for ClassConfig {
+    fn default() -> Self {
+        ClassConfig { order: 1, queue_deadline_ms: 10_000 }
+    }
+}
+
+/// A tenant's place in the schedule.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantSchedule {
+    /// The tenant's class when the proxy names none (empty: `default_class`).
+    pub class: String,
+    /// Its share of a class's capacity against other tenants (1 = equal).
+    pub weight: u32,
+}
+
+impl Default for TenantSchedule {
+    fn default() -> Self {
+        TenantSchedule { class: String::new(), weight: 1 }
+    }
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        let class = |order, queue_deadline_ms| ClassConfig { order, queue_deadline_ms };
+        SchedulingConfig {
+            enabled: false,
+            saturation_wait_ms: 1_000.0,
+            max_kv_usage: 0.97,
+            wait_ms: 500,
+            unclaimed_ms: 2_000,
+            aging_tokens_per_s: 8_192.0,
+            quantum_tokens: 8_192,
+            max_queued: 10_000,
+            default_class: "standard".into(),
+            classes: BTreeMap::from([
+                ("interactive".into(), class(0, 5_000)),
+                ("standard".into(), class(1, 20_000)),
+                ("batch".into(), class(2, 120_000)),
+                ("sheddable".into(), class(3, 0)),
+            ]),
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+impl SchedulingConfig {
+    /// Problems with the configuration, for the validator.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.classes.contains_key(&self.default_class) {
+            out.push(format!("scheduling.default_class {:?} is not in scheduling.classes", self.default_class));
+        }
+        for (tenant, t) in &self.tenants {
+            if !t.class.is_empty() && !self.classes.contains_key(&t.class) {
+                out.push(format!("scheduling.tenants.{tenant}.class {:?} is not in scheduling.classes", t.class));
+            }
+            if t.weight == 0 {
+                out.push(format!("scheduling.tenants.{tenant}.weight must be at least 1"));
+            }
+        }
+        if self.wait_ms == 0 || self.quantum_tokens == 0 || self.max_queued == 0 {
+            out.push("scheduling.wait_ms, quantum_tokens and max_queued must be positive".into());
+        }
+        if !(self.saturation_wait_ms >= 0.0 && self.aging_tokens_per_s >= 0.0 && self.max_kv_usage > 0.0) {
+            out.push("scheduling.saturation_wait_ms and aging_tokens_per_s must be >= 0, max_kv_usage > 0".into());
+        }
+        out
+    }
+
+    /// The class a request is scheduled in: the proxy's (when it names a configured class),
+    /// else its tenant's, else the default.
+    pub fn class_of<'a>(&'a self, named: &'a str, tenant: &str) -> &'a str {
+        if self.classes.contains_key(named) {
+            return named;
+        }
+        match self.tenants.get(tenant) {
+            Some(t) if !t.class.is_empty() => &t.class,
+            _ => &self.default_class,
+        }
+    }
+
+    pub fn weight_of(&self, tenant: &str) -> u32 {
+        self.tenants.get(tenant).map_or(1, |t| t.weight.max(1))
+    }
+}

@@ -1,0 +1,124 @@
+//! The state service's queue, through Envoy and the filter, in front of a simulated worker:
+//! at saturation picks wait in the router and leave it by class (interactive before batch,
+//! whatever arrived first), a class that never waits is shed at once, and one whose queue
+//! deadline passes is shed then: 503 with `Retry-After` in the called API's shape. Tenants
+//! (and so classes) come from a header only a trusted hop may set.
+
+use anyhow::Result;
+use kvroute_e2e::llm::{completion, header, tokens};
+use kvroute_e2e::net::wait_for;
+use kvroute_e2e::stack::{Stack, StackOptions, StateToml, MODEL};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// One worker; a worker is saturated while a request's prefill (2,000 tokens here, ~200 ms
+/// at the prior cost) waits there. Tenants map to classes; `late` is served after `batch` and
+/// waits at most 300 ms.
+fn options() -> StackOptions {
+    let tables = r#"
+[scheduling]
+enabled = true
+saturation_wait_ms = 50.0
+wait_ms = 300
+
+[scheduling.classes.interactive]
+order = 0
+queue_deadline_ms = 30000
+
+[scheduling.classes.standard]
+order = 1
+queue_deadline_ms = 30000
+
+[scheduling.classes.batch]
+order = 2
+queue_deadline_ms = 60000
+
+[scheduling.classes.sheddable]
+order = 3
+queue_deadline_ms = 0
+
+[scheduling.classes.late]
+order = 4
+queue_deadline_ms = 300
+
+[scheduling.tenants.ui]
+class = "interactive"
+
+[scheduling.tenants.bulk]
+class = "batch"
+
+[scheduling.tenants.spot]
+class = "sheddable"
+
+[scheduling.tenants.late]
+class = "late"
+"#;
+    let plugin = json!({ "identity": { "sources": [{ "header": { "name": "x-tenant", "trusted_sources": ["127.0.0.1/32"] } }] } });
+    StackOptions { workers: 1, plugin, state: StateToml { tables: tables.into(), ..StateToml::default() }, ..StackOptions::default() }
+}
+
+/// Sends one 2,000-token completion as `tenant`; its status, `Retry-After`, body and when it
+/// finished.
+async fn send(s: &Stack, tenant: &str, seed: u32) -> Result<(u16, String, Value, Instant)> {
+    let r = s.client.post(s.url("/v1/completions")).header("x-tenant", tenant).json(&completion(MODEL, &tokens(seed, 2_000), 4, false)).send().await?;
+    let (status, retry) = (r.status().as_u16(), header(&r, "retry-after"));
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    Ok((status, retry, body, Instant::now()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_saturation_picks_wait_in_the_router_and_leave_it_by_class() -> Result<()> {
+    let s = Stack::start(options()).await?;
+    let s = std::sync::Arc::new(s);
+    // Batch work arrives first and fills the worker; the rest of it queues in the router.
+    let bulk: Vec<_> = (0..6).map(|i| tokio::spawn({ let s = s.clone(); async move { send(&s, "bulk", 100 + i).await } })).collect();
+    wait_for("batch picks queued", Duration::from_secs(10), || async {
+        (s.metric("kvroute_queue_depth", "class=\"batch\"").await.ok()? >= 4.0).then_some(())
+    })
+    .await?;
+    // Interactive requests come later and go first.
+    let ui: Vec<_> = (0..4).map(|i| tokio::spawn({ let s = s.clone(); async move { send(&s, "ui", 200 + i).await } })).collect();
+    // A class that never waits is shed at once, in OpenAI's error shape.
+    let started = Instant::now();
+    let (status, retry, body, _) = send(&s, "spot", 300).await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(2), "shed at once");
+    assert!(retry.parse::<u64>().is_ok_and(|r| r >= 1), "Retry-After: {retry:?}");
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+    // A class behind batch with a 300 ms deadline is shed when it passes.
+    let started = Instant::now();
+    let (status, retry, body, _) = send(&s, "late", 301).await?;
+    let waited = started.elapsed();
+    assert_eq!(status, 503, "{body}");
+    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "shed at its deadline, after {waited:?}");
+    assert!(!retry.is_empty(), "{body}");
+
+    let mut bulk_done = Vec::new();
+    for h in bulk {
+        let (status, _, body, done) = h.await??;
+        assert_eq!(status, 200, "{body}");
+        bulk_done.push(done);
+    }
+    let mut ui_last = None;
+    for h in ui {
+        let (status, _, body, done) = h.await??;
+        assert_eq!(status, 200, "{body}");
+        ui_last = ui_last.max(Some(done));
+    }
+    let ui_last = ui_last.expect("four interactive requests");
+    // First come, first served would finish every batch request before the first interactive
+    // one; by class, most batch requests finish after the last interactive one.
+    let after = bulk_done.iter().filter(|d| **d > ui_last).count();
+    println!("{after} of 6 batch requests finished after the last interactive one");
+    assert!(after >= 3, "{after} of 6 batch requests finished after the last interactive one");
+
+    let dispatched = s.metric("kvroute_queue_outcomes_total", "outcome=\"dispatched\"").await?;
+    assert!(dispatched >= 8.0, "{dispatched} queued picks dispatched");
+    assert_eq!(s.metric("kvroute_queue_outcomes_total", "outcome=\"shed_at_once\"").await?, 1.0);
+    assert_eq!(s.metric("kvroute_queue_outcomes_total", "outcome=\"shed_deadline\"").await?, 1.0);
+    assert_eq!(s.metric("kvroute_queue_depth", "").await?, 0.0, "nothing left queued");
+    if let Some(waits) = s.proxy.counter("kvroute_pick_waits").await? {
+        assert!(waits >= 1, "the filter asked again for queued picks");
+    }
+    Ok(())
+}
