@@ -122,3 +122,47 @@ async fn at_saturation_picks_wait_in_the_router_and_leave_it_by_class() -> Resul
     }
     Ok(())
 }
+
+/// A state service that freezes while it holds queued picks costs each of them a fallback to
+/// the default route within one call (`wait_ms` 300 + pick timeout 50 + 100 ms margin), never
+/// its queue deadline: every request is still served, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_state_service_costs_its_queued_picks_a_fallback_not_their_wait() -> Result<()> {
+    let s = std::sync::Arc::new(Stack::start(options()).await?);
+    let bulk: Vec<_> = (0..8).map(|i| tokio::spawn({ let s = s.clone(); async move { send(&s, "bulk", 400 + i).await } })).collect();
+    wait_for("batch picks queued", Duration::from_secs(10), || async {
+        (s.metric("kvroute_queue_depth", "class=\"batch\"").await.ok()? >= 5.0).then_some(())
+    })
+    .await?;
+    s.freeze_state(true)?;
+    let frozen = Instant::now();
+    // New requests meanwhile: the pick timeout, then the default route.
+    let (status, _, body, done) = send(&s, "ui", 500).await?;
+    assert_eq!(status, 200, "{body}");
+    let mut last = done;
+    for h in bulk {
+        let (status, _, body, done) = h.await??;
+        assert_eq!(status, 200, "{body}");
+        last = last.max(done);
+    }
+    s.freeze_state(false)?;
+    // The picks it held are dropped once their proxy has stopped asking, never dispatched.
+    wait_for("forsaken picks dropped", Duration::from_secs(10), || async {
+        (s.metric("kvroute_queue_depth", "").await.ok()? == 0.0).then_some(())
+    })
+    .await?;
+    let forsaken = s.metric("kvroute_queue_outcomes_total", "outcome=\"forsaken\"").await?;
+    let dispatched_late = s.metric("kvroute_queue_outcomes_total", "outcome=\"dispatched\"").await?;
+    println!("after the freeze: {forsaken} forsaken, {dispatched_late} dispatched in all");
+    assert!(forsaken >= 5.0, "{forsaken} forsaken");
+    // Nine requests of ~160 ms each on one worker after at most ~0.5 s of waiting for the
+    // frozen service: far less than the batch class's 60 s deadline.
+    let took = last.duration_since(frozen);
+    assert!(took < Duration::from_secs(8), "served {took:?} after the freeze");
+    let timeouts = s.proxy.counter("kvroute_fallback_pick_timeout").await?.unwrap_or(0);
+    println!("all served {took:?} after the freeze; {timeouts} picks fell back on a timeout");
+    assert!(timeouts >= 5, "the queued picks fell back: {timeouts}");
+    let worker = s.worker_view(0).await?;
+    println!("worker 0 after: {}", worker["load"]);
+    Ok(())
+}

@@ -26,6 +26,9 @@ use tokio::time::Instant;
 
 /// How often the dispatcher looks for freed capacity while picks wait.
 const TICK: Duration = Duration::from_millis(10);
+/// A queued pick whose proxy has not called for it this long past its last call's hold has
+/// gone elsewhere (its call timed out, its client left): it is dropped, never dispatched.
+const CALL_GRACE: Duration = Duration::from_secs(1);
 
 /// A queued pick: what planning it later needs, and the proxy call waiting for it.
 pub(super) struct Job {
@@ -34,6 +37,15 @@ pub(super) struct Job {
     keyed: Keyed,
     class: String,
     waiter: Option<oneshot::Sender<PickResponse>>,
+    /// When the proxy last called for it.
+    called: Instant,
+}
+
+impl Job {
+    /// No call waits for it and none came within `hold` + [`CALL_GRACE`].
+    fn forsaken(&self, now: Instant, hold: Duration) -> bool {
+        self.waiter.as_ref().is_none_or(oneshot::Sender::is_closed) && now.duration_since(self.called) > hold + CALL_GRACE
+    }
 }
 
 #[derive(Default)]
@@ -92,7 +104,8 @@ struct OutcomeLabels {
     class: String,
     tenant: String,
     /// `dispatched`, `shed_deadline`, `shed_at_once` (a class that never waits), `shed_full`,
-    /// `unclaimed` (decided, then cancelled: its proxy never came back).
+    /// `forsaken` (its proxy stopped asking before it was decided), `unclaimed` (decided, then
+    /// cancelled: its proxy never came back).
     outcome: &'static str,
 }
 
@@ -120,7 +133,7 @@ impl Scheduler {
         registry.register("queue_wait_seconds", "How long dispatched picks waited in the queue, by service class", metrics.wait.clone());
         registry.register(
             "queue_outcomes",
-            "Queued picks by class, tenant (allowlisted) and outcome (dispatched, shed_deadline, shed_at_once, shed_full, unclaimed)",
+            "Queued picks by class, tenant (allowlisted) and outcome (dispatched, shed_deadline, shed_at_once, shed_full, forsaken, unclaimed)",
             metrics.outcomes.clone(),
         );
         Scheduler { config, inner: Mutex::new(Inner::default()), wake: Notify::new(), metrics }
@@ -156,6 +169,7 @@ impl Picker {
         })?;
         let (tx, rx) = oneshot::channel();
         entry.job.waiter = Some(tx);
+        entry.job.called = Instant::now();
         Some(Picked::Queued(Waiting { ticket, ahead, rx, wait: Duration::from_millis(u64::from(s.config.wait_ms)) }))
     }
 
@@ -204,7 +218,7 @@ impl Picker {
                 return Ok(shed("shed_full", format!("{} picks of {} already queued", s.config.max_queued, req.model)));
             }
             let ahead = q.len() as u32;
-            let job = Job { req: req.clone(), policy, keyed, class: class.clone(), waiter: Some(tx) };
+            let job = Job { req: req.clone(), policy, keyed, class: class.clone(), waiter: Some(tx), called: now };
             let entry = Entry { ticket, tenant: req.tenant.clone(), cost, since: since.into_std(), deadline: deadline.into_std(), job };
             q.push(class_config.order, &class, s.config.weight_of(&req.tenant), entry);
             ahead
@@ -239,6 +253,7 @@ impl Picker {
     pub async fn dispatch_once(&self) {
         let now = Instant::now();
         self.shed_expired(now);
+        self.drop_forsaken(now);
         self.cancel_unclaimed(now);
         let models: Vec<String> = self.sched.inner.lock().queues.iter().filter(|(_, q)| !q.is_empty()).map(|(m, _)| m.clone()).collect();
         for model in models {
@@ -266,7 +281,7 @@ impl Picker {
     async fn dispatch(&self, entry: Entry<Job>, view: ModelView) {
         let s = &self.sched;
         let Entry { ticket, tenant, since, job, .. } = entry;
-        let Job { req, policy, keyed, class, waiter } = job;
+        let Job { req, policy, keyed, class, waiter, .. } = job;
         s.depth_changed(&class, -1);
         let waited = since.elapsed();
         s.metrics.wait.get_or_create(&ClassLabels { class: class.clone() }).observe(waited.as_secs_f64());
@@ -300,6 +315,17 @@ impl Picker {
             tracing::info!(request_id = %e.job.req.request_id, class = %class, "queued pick shed at its deadline");
             let response = rejected(e.job.policy, queue_rejection(format!("every worker stayed saturated for class {class}'s queue deadline")));
             self.deliver(e.ticket, e.job.waiter, response);
+        }
+    }
+
+    fn drop_forsaken(&self, now: Instant) {
+        let s = &self.sched;
+        let hold = Duration::from_millis(u64::from(s.config.wait_ms));
+        let gone: Vec<Entry<Job>> = s.inner.lock().queues.values_mut().flat_map(|q| q.remove_where(|e| e.job.forsaken(now, hold))).collect();
+        for e in gone {
+            s.depth_changed(&e.job.class, -1);
+            s.metrics.outcomes.get_or_create(&OutcomeLabels { class: e.job.class.clone(), tenant: self.tenants.label(&e.tenant), outcome: "forsaken" }).inc();
+            tracing::info!(request_id = %e.job.req.request_id, ticket = e.ticket, "queued pick dropped: its proxy stopped asking for it");
         }
     }
 

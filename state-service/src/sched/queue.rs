@@ -173,9 +173,14 @@ impl<T> Queue<T> {
 
     /// Entries whose deadline is at or before `now`, taken out of the queue.
     pub fn expire(&mut self, now: Instant) -> Vec<Entry<T>> {
+        self.remove_where(|e| e.deadline <= now)
+    }
+
+    /// Entries for which `gone` holds, taken out of the queue.
+    pub fn remove_where(&mut self, mut gone: impl FnMut(&Entry<T>) -> bool) -> Vec<Entry<T>> {
         let mut out = Vec::new();
         for q in self.classes.values_mut() {
-            out.extend(q.remove_where(|e| e.deadline <= now));
+            out.extend(q.remove_where(&mut gone));
         }
         self.classes.retain(|_, q| !q.tenants.is_empty());
         for e in &out {
