@@ -132,6 +132,11 @@ pub struct CompareArgs {
     /// real rate is this divided by --time-scale); several = a sweep.
     #[arg(long, value_delimiter = ',', default_values_t = [1.0])]
     pub rate: Vec<f64>,
+    /// Service classes by share of sessions, e.g. `interactive=0.2,batch=0.8`: each session is
+    /// sent as tenant `class-<name>` (trusted from loopback), and the report adds a TTFT line
+    /// per class. The class only changes the order of picks with `--scheduling`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_class)]
+    pub classes: Vec<(String, f64)>,
     /// Run every policy this many times, round after round (drift over the run reaches every
     /// policy alike); the table adds each policy's medians over the rounds.
     #[arg(long, default_value_t = 1)]
@@ -187,6 +192,7 @@ impl CompareArgs {
                 request_timeout: Duration::from_secs_f64(self.request_timeout_s),
                 max_inflight: self.max_inflight,
                 time_scale,
+                classes: self.classes.clone(),
             },
             slo: Slo { ttft_s: self.slo_ttft_s, attainment: self.slo_attainment },
             settle: Duration::from_secs_f64(self.settle_s),
@@ -397,4 +403,14 @@ impl BoundsArgs {
         }
         Ok(())
     }
+}
+
+/// `name=share` with a share > 0.
+fn parse_class(s: &str) -> Result<(String, f64), String> {
+    let (name, share) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected name=share"))?;
+    let share: f64 = share.parse().map_err(|_| format!("{s:?}: the share is not a number"))?;
+    if name.is_empty() || !(share > 0.0) || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Err(format!("{s:?}: a class name and a share > 0"));
+    }
+    Ok((name.to_string(), share))
 }

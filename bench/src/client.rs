@@ -80,9 +80,10 @@ fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
 }
 
 /// POST `body` to `url` and read the stream to its end, or until `timeout` (whole request).
-pub async fn send(client: &reqwest::Client, url: &str, body: &Value, timeout: Duration) -> Outcome {
+/// `tenant`: sent as `x-tenant`, which the stack's filter trusts from loopback (`--classes`).
+pub async fn send(client: &reqwest::Client, url: &str, body: &Value, tenant: Option<&str>, timeout: Duration) -> Outcome {
     let start = Instant::now();
-    match tokio::time::timeout(timeout, stream(client, url, body, start)).await {
+    match tokio::time::timeout(timeout, stream(client, url, body, tenant, start)).await {
         Ok(o) => o,
         Err(_) => {
             let mut o = Outcome::default();
@@ -92,9 +93,13 @@ pub async fn send(client: &reqwest::Client, url: &str, body: &Value, timeout: Du
     }
 }
 
-async fn stream(client: &reqwest::Client, url: &str, body: &Value, start: Instant) -> Outcome {
+async fn stream(client: &reqwest::Client, url: &str, body: &Value, tenant: Option<&str>, start: Instant) -> Outcome {
     let mut o = Outcome::default();
-    let mut resp = match client.post(url).json(body).send().await {
+    let mut req = client.post(url).json(body);
+    if let Some(t) = tenant {
+        req = req.header("x-tenant", t);
+    }
+    let mut resp = match req.send().await {
         Ok(r) => r,
         Err(e) => {
             o.sample.error = Some(format!("send: {e}"));

@@ -192,6 +192,33 @@ fn footer(report: &RunReport) -> Vec<String> {
             out.push(format!("* the pass sent fewer requests than the {} the bounds cover: its share of the oracle compares different request sets", b.requests));
         }
     }
+    out.extend(per_class(report));
+    out
+}
+
+/// One line per pass and service class (`--classes`): requests, failed (shed included), TTFT.
+fn per_class(report: &RunReport) -> Vec<String> {
+    let rounds = report.passes.iter().any(|p| p.round > 1);
+    let mut out = Vec::new();
+    for p in &report.passes {
+        let classes: std::collections::BTreeSet<&str> = p.samples.iter().filter_map(|s| s.class.as_deref()).collect();
+        for class in classes {
+            let samples: Vec<Sample> = p.samples.iter().filter(|s| s.class.as_deref() == Some(class)).cloned().collect();
+            let s = Summary::new(&samples, p.summary.duration_s, report.slo);
+            let f = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.3}"));
+            out.push(format!(
+                "{} class {class}: {} requests, {} failed or shed; TTFT p50 / p90 / p99 {} / {} / {} s; {:.1}% within {} s",
+                p.name(rounds),
+                s.requests,
+                s.failed,
+                f(s.ttft_p50),
+                f(s.ttft_p90),
+                f(s.ttft_p99),
+                s.goodput.within_slo * 100.0,
+                report.slo.ttft_s
+            ));
+        }
+    }
     out
 }
 

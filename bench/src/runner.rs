@@ -40,6 +40,25 @@ pub struct RunSpec {
     /// The workers' time scale: arrival times are multiplied by it and measured times
     /// divided by it, so rates, latencies and the SLO are all in simulated (GPU) seconds.
     pub time_scale: f64,
+    /// Service classes and the share of sessions in each (`--classes`); empty: none. A
+    /// session's class is drawn from the seed, and its requests go as tenant `class-<name>`.
+    pub classes: Vec<(String, f64)>,
+}
+
+/// Session `id`'s class: a seeded draw by the classes' shares.
+pub fn class_of(classes: &[(String, f64)], seed: u64, id: u64) -> Option<&str> {
+    let total: f64 = classes.iter().map(|(_, w)| w).sum();
+    if classes.is_empty() || !(total > 0.0) {
+        return None;
+    }
+    let mut x = rng_for(seed, Ns::Order, id).gen::<f64>() * total;
+    for (name, w) in classes {
+        if x < *w {
+            return Some(name);
+        }
+        x -= w;
+    }
+    classes.last().map(|(n, _)| n.as_str())
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +151,8 @@ async fn run_session(session: Session, at: f64, sh: Arc<Shared>) -> Vec<Sample> 
     tokio::time::sleep_until((sh.start + Duration::from_secs_f64(at)).into()).await;
     let mut answers: Vec<Answer> = Vec::new();
     let mut out = Vec::new();
+    let class = class_of(&sh.spec.classes, sh.spec.seed, session.id).map(str::to_string);
+    let tenant = class.as_ref().map(|c| format!("class-{c}"));
     for turn in 0..session.turns.len() {
         if sh.start.elapsed() > sh.spec.max_duration {
             sh.unsent.fetch_add(session.turns.len() - turn, Ordering::Relaxed);
@@ -151,9 +172,10 @@ async fn run_session(session: Session, at: f64, sh: Arc<Shared>) -> Vec<Sample> 
         };
         let sent_s = sh.start.elapsed().as_secs_f64();
         let Outcome { mut sample, text: answer_text, token_ids } =
-            client::send(&sh.client, &sh.url, &body, sh.spec.request_timeout).await;
+            client::send(&sh.client, &sh.url, &body, tenant.as_deref(), sh.spec.request_timeout).await;
         drop(permit);
         sample.sent_s = sent_s;
+        sample.class = class.clone();
         answers.push(match sh.mode {
             crate::workload::PromptMode::Chat => Answer::Text(answer_text),
             crate::workload::PromptMode::Tokens if !token_ids.is_empty() => Answer::Tokens(token_ids),
@@ -180,6 +202,15 @@ mod tests {
     use super::*;
     use crate::workload::independent::{generate, IndependentSpec};
     use crate::workload::PromptMode;
+
+    #[test]
+    fn classes_are_drawn_by_their_shares() {
+        let classes = vec![("interactive".to_string(), 0.2), ("batch".to_string(), 0.8)];
+        let n = (0..10_000).filter(|id| class_of(&classes, 7, *id) == Some("interactive")).count();
+        assert!((1_800..2_200).contains(&n), "{n} of 10000 interactive");
+        assert_eq!(class_of(&classes, 7, 42), class_of(&classes, 7, 42));
+        assert_eq!(class_of(&[], 7, 1), None);
+    }
 
     #[test]
     fn poisson_schedule_is_seeded_with_the_right_mean_gap() {

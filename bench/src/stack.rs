@@ -83,6 +83,11 @@ pub struct StackConfig {
     pub redis_bin: PathBuf,
     /// Where generated configs and process logs go.
     pub work_dir: PathBuf,
+    /// The state service queues picks while every worker is saturated (`[scheduling]`), with
+    /// tenant `class-<name>` in class `<name>` for each default class.
+    pub scheduling: bool,
+    /// The filter takes the tenant from `x-tenant` sent from loopback (`--classes`).
+    pub tenant_header: bool,
 }
 
 /// How to start one child again (chaos scenarios kill and restart them).

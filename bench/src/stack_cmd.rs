@@ -67,6 +67,9 @@ pub struct LaunchArgs {
     /// Extra kvroute-sim flag, repeatable: --sim-arg=--num-gpu-blocks --sim-arg=3000.
     #[arg(long, allow_hyphen_values = true)]
     pub sim_arg: Vec<String>,
+    /// Queue picks in the state service while every worker is saturated ([scheduling]).
+    #[arg(long)]
+    pub scheduling: bool,
     #[command(flatten)]
     pub topology: TopologyArgs,
 }
@@ -94,6 +97,8 @@ impl LaunchArgs {
             replicas: self.topology.replicas,
             redis_shards: self.topology.redis_shards,
             redis_bin: resolve_bin(&self.topology.redis_bin)?,
+            scheduling: self.scheduling,
+            tenant_header: self.scheduling,
         })
     }
 }
@@ -126,7 +131,8 @@ fn resolve_bin(p: &PathBuf) -> Result<PathBuf> {
 }
 
 async fn start(args: &StackArgs) -> Result<Stack> {
-    let cfg = args.launch.config(&args.workload.model, &args.compare.out.join("stack"))?;
+    let mut cfg = args.launch.config(&args.workload.model, &args.compare.out.join("stack"))?;
+    cfg.tenant_header |= !args.compare.classes.is_empty();
     eprintln!("starting {} workers, the state service and Envoy (logs in {})", cfg.workers, cfg.work_dir.display());
     Ok(Stack::start(cfg).await?)
 }

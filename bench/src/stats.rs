@@ -25,6 +25,9 @@ pub struct Sample {
     pub decision: Option<String>,
     pub fallback: Option<String>,
     pub error: Option<String>,
+    /// The service class the request was sent as (`--classes`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 /// The latency objective: TTFT under `ttft_s` for at least `attainment` of requests.

@@ -40,6 +40,8 @@ fn container_cfg() -> StackConfig {
         replicas: 2,
         redis_shards: 3,
         redis_bin: "redis-server".into(),
+        scheduling: false,
+        tenant_header: false,
     }
 }
 
