@@ -48,7 +48,7 @@ pub struct RunSpec {
 /// Session `id`'s class: a seeded draw by the classes' shares.
 pub fn class_of(classes: &[(String, f64)], seed: u64, id: u64) -> Option<&str> {
     let total: f64 = classes.iter().map(|(_, w)| w).sum();
-    if classes.is_empty() || !(total > 0.0) {
+    if classes.is_empty() || total.is_nan() || total <= 0.0 {
         return None;
     }
     let mut x = rng_for(seed, Ns::Order, id).gen::<f64>() * total;

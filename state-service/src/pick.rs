@@ -104,12 +104,14 @@ pub struct Deadline {
     /// The proxy has routed the request elsewhere by then: a pick decided later is cancelled
     /// at once, so it leaves no load behind.
     pub answer_by: Option<Instant>,
+    /// The proxy's timeout for this call.
+    pub timeout: Option<Duration>,
 }
 
 impl Deadline {
     /// The proxy's timeout `timeout`, counted from `arrived`.
     pub fn after(arrived: Instant, timeout: Duration) -> Deadline {
-        Deadline { tokenize_until: Some(arrived + timeout.mul_f64(0.7)), answer_by: Some(arrived + timeout) }
+        Deadline { tokenize_until: Some(arrived + timeout.mul_f64(0.7)), answer_by: Some(arrived + timeout), timeout: Some(timeout) }
     }
 }
 
@@ -169,7 +171,7 @@ impl Picker {
         let arrived = Instant::now();
         let req = &self.with_model(req);
         if req.ticket != 0 && self.sched.enabled() {
-            if let Some(picked) = self.resume_ticket(req.ticket) {
+            if let Some(picked) = self.resume_ticket(req, deadline.timeout) {
                 return picked;
             }
         }

@@ -53,7 +53,12 @@ class = "sheddable"
 [scheduling.tenants.late]
 class = "late"
 "#;
-    let plugin = json!({ "identity": { "sources": [{ "header": { "name": "x-tenant", "trusted_sources": ["127.0.0.1/32"] } }] } });
+    // A pick timeout below the service's hold (as in production: 50 ms against 500): the first
+    // call of a queued pick is answered "queued" within it, never timed out.
+    let plugin = json!({
+        "pick_timeout_ms": 200,
+        "identity": { "sources": [{ "header": { "name": "x-tenant", "trusted_sources": ["127.0.0.1/32"] } }] }
+    });
     StackOptions { workers: 1, plugin, state: StateToml { tables: tables.into(), ..StateToml::default() }, ..StackOptions::default() }
 }
 
@@ -108,10 +113,14 @@ async fn at_saturation_picks_wait_in_the_router_and_leave_it_by_class() -> Resul
     let ui_last = ui_last.expect("four interactive requests");
     // First come, first served would finish every batch request before the first interactive
     // one; by class, most batch requests finish after the last interactive one.
+    let timeouts = s.proxy.counter("kvroute_fallback_pick_timeout").await?;
     let after = bulk_done.iter().filter(|d| **d > ui_last).count();
-    println!("{after} of 6 batch requests finished after the last interactive one");
+    println!("{after} of 6 batch requests finished after the last interactive one; pick timeouts {timeouts:?}");
     assert!(after >= 3, "{after} of 6 batch requests finished after the last interactive one");
 
+    if let Some(timeouts) = timeouts {
+        assert_eq!(timeouts, 0, "no queued pick outlived its call");
+    }
     let dispatched = s.metric("kvroute_queue_outcomes_total", "outcome=\"dispatched\"").await?;
     assert!(dispatched >= 8.0, "{dispatched} queued picks dispatched");
     assert_eq!(s.metric("kvroute_queue_outcomes_total", "outcome=\"shed_at_once\"").await?, 1.0);
@@ -145,6 +154,8 @@ async fn a_frozen_state_service_costs_its_queued_picks_a_fallback_not_their_wait
         assert_eq!(status, 200, "{body}");
         last = last.max(done);
     }
+    // Frozen past every call's hold and grace (300 ms + 1 s), as a stuck replica would be.
+    tokio::time::sleep(Duration::from_secs(2).saturating_sub(frozen.elapsed())).await;
     s.freeze_state(false)?;
     // The picks it held are dropped once their proxy has stopped asking, never dispatched.
     wait_for("forsaken picks dropped", Duration::from_secs(10), || async {

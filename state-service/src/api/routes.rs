@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 /// The proxy's pick timeout, in milliseconds, sent with every pick.
 pub const DEADLINE_HEADER: &str = "x-kvroute-deadline-ms";
 
+/// What a queued pick's call leaves of the proxy's timeout for the answer's trip back.
+const QUEUE_SLACK: Duration = Duration::from_millis(150);
+
 /// Decides a pick when a slot is free within `resilience.pick_queue_ms`, else answers 429 at
 /// once: the proxy falls back immediately instead of waiting out its pick timeout.
 pub async fn pick(
@@ -50,10 +53,13 @@ pub async fn pick(
     let deadline = timeout.map_or_else(Deadline::default, |t| Deadline::after(arrived, t));
     let mut response = match picker.pick_or_queue(&request, deadline).await {
         Picked::Decided(response) => response,
-        // A queued pick waits without holding one of the concurrent-pick slots.
+        // A queued pick waits without holding one of the concurrent-pick slots, and answers
+        // "still queued" with QUEUE_SLACK of the proxy's timeout to spare: the first call
+        // (the short pick timeout) at once, later ones (`wait_ms` + pick timeout + 100 ms)
+        // after `wait_ms`.
         Picked::Queued(waiting) => {
             drop(slot);
-            waiting.answer().await
+            waiting.answer(timeout.map(|t| arrived + t.saturating_sub(QUEUE_SLACK))).await
         }
     };
     response.reports_applied = applied;

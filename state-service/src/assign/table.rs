@@ -135,6 +135,11 @@ impl Assignments {
         self.by_id.values()
     }
 
+    /// Whether `id` was cancelled before any pick of it was recorded (its proxy gave up).
+    pub fn cancelled_early(&self, id: AssignmentId) -> bool {
+        self.tombstones.contains_key(&id)
+    }
+
     /// Inserts `a` unless its id is known or was cancelled already; at capacity the oldest
     /// assignment is freed first.
     pub fn insert(&mut self, a: Assignment) -> Insert {

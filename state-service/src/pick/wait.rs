@@ -7,6 +7,7 @@
 
 use super::prompt::Keyed;
 use super::{rejected, Picker};
+use crate::assign::AssignmentId;
 use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
 use crate::sched::SchedulingConfig;
@@ -42,9 +43,12 @@ pub(super) struct Job {
 }
 
 impl Job {
-    /// No call waits for it and none came within `hold` + [`CALL_GRACE`].
+    /// Its proxy's last call began more than `hold` + [`CALL_GRACE`] ago: that call has ended
+    /// (no call is held longer than `hold`), and no other came. Judged by time alone, so a
+    /// replica that was frozen drops on waking what its proxies gave up on meanwhile, even
+    /// before their calls' own timers have run.
     fn forsaken(&self, now: Instant, hold: Duration) -> bool {
-        self.waiter.as_ref().is_none_or(oneshot::Sender::is_closed) && now.duration_since(self.called) > hold + CALL_GRACE
+        now.duration_since(self.called) > hold + CALL_GRACE
     }
 }
 
@@ -70,10 +74,13 @@ pub struct Waiting {
 }
 
 impl Waiting {
-    /// The decision, if made within the call's hold; else the answer that says "still queued".
-    pub async fn answer(self) -> PickResponse {
+    /// The decision, if made within the call's hold (`wait_ms`, and never past `respond_by`,
+    /// so the proxy's first call, made with its short pick timeout, is answered in time);
+    /// else the answer that says "still queued".
+    pub async fn answer(self, respond_by: Option<std::time::Instant>) -> PickResponse {
         let still = self.still_queued();
-        match tokio::time::timeout(self.wait, self.rx).await {
+        let hold = respond_by.map_or(self.wait, |by| by.saturating_duration_since(std::time::Instant::now()).min(self.wait));
+        match tokio::time::timeout(hold, self.rx).await {
             Ok(Ok(response)) => response,
             // Timed out, or the entry went away without a word (the service is stopping).
             _ => still,
@@ -155,10 +162,14 @@ impl Scheduler {
 }
 
 impl Picker {
-    /// The call of a proxy coming back for `ticket`: its decision if made meanwhile, or a wait
-    /// on its queue entry; `None` when this replica does not hold it (queue it anew).
-    pub(super) fn resume_ticket(&self, ticket: u64) -> Option<Picked> {
-        let s = &self.sched;
+    /// The call of a proxy coming back for its ticket: its decision if made meanwhile, or a
+    /// wait on its queue entry; `None` when this replica does not hold it (queue it anew).
+    /// `timeout`: the proxy's timeout for this call. A call read later than that after the
+    /// proxy sent it (it waited in a socket while this replica was frozen) is stale: its proxy
+    /// has gone elsewhere, so it neither takes the decision nor keeps the entry alive.
+    pub(super) fn resume_ticket(&self, req: &PickRequest, timeout: Option<Duration>) -> Option<Picked> {
+        let (s, ticket) = (&self.sched, req.ticket);
+        let wait = Duration::from_millis(u64::from(s.config.wait_ms));
         let mut inner = s.inner.lock();
         if let Some((response, _)) = inner.unclaimed.remove(&ticket) {
             return Some(Picked::Decided(response));
@@ -167,10 +178,16 @@ impl Picker {
             let ahead = q.len().saturating_sub(1) as u32;
             q.get_mut(ticket).map(|e| (ahead, e))
         })?;
+        let lag = entry.since.elapsed().saturating_sub(Duration::from_millis(u64::from(req.queued_ms)));
+        if timeout.is_some_and(|t| lag > t) {
+            tracing::debug!(ticket, lag_ms = lag.as_millis() as u64, "stale call for a queued pick ignored");
+            let (_, rx) = oneshot::channel();
+            return Some(Picked::Queued(Waiting { ticket, ahead, rx, wait: Duration::ZERO }));
+        }
         let (tx, rx) = oneshot::channel();
         entry.job.waiter = Some(tx);
         entry.job.called = Instant::now();
-        Some(Picked::Queued(Waiting { ticket, ahead, rx, wait: Duration::from_millis(u64::from(s.config.wait_ms)) }))
+        Some(Picked::Queued(Waiting { ticket, ahead, rx, wait }))
     }
 
     /// Queues the pick when every candidate is saturated or picks of its model already wait;
@@ -283,6 +300,10 @@ impl Picker {
         let Entry { ticket, tenant, since, job, .. } = entry;
         let Job { req, policy, keyed, class, waiter, .. } = job;
         s.depth_changed(&class, -1);
+        if self.fleet.assignments().cancelled_early(AssignmentId(req.assignment_id)) {
+            s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "forsaken" }).inc();
+            return;
+        }
         let waited = since.elapsed();
         s.metrics.wait.get_or_create(&ClassLabels { class: class.clone() }).observe(waited.as_secs_f64());
         s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "dispatched" }).inc();
@@ -318,10 +339,20 @@ impl Picker {
         }
     }
 
+    /// Drops the queued picks whose proxy has gone: it stopped calling, or cancelled the
+    /// assignment it named (its call timed out).
     fn drop_forsaken(&self, now: Instant) {
         let s = &self.sched;
         let hold = Duration::from_millis(u64::from(s.config.wait_ms));
-        let gone: Vec<Entry<Job>> = s.inner.lock().queues.values_mut().flat_map(|q| q.remove_where(|e| e.job.forsaken(now, hold))).collect();
+        let assignments = self.fleet.assignments();
+        let gone: Vec<Entry<Job>> = s
+            .inner
+            .lock()
+            .queues
+            .values_mut()
+            .flat_map(|q| q.remove_where(|e| e.job.forsaken(now, hold) || assignments.cancelled_early(AssignmentId(e.job.req.assignment_id))))
+            .collect();
+        drop(assignments);
         for e in gone {
             s.depth_changed(&e.job.class, -1);
             s.metrics.outcomes.get_or_create(&OutcomeLabels { class: e.job.class.clone(), tenant: self.tenants.label(&e.tenant), outcome: "forsaken" }).inc();
@@ -340,7 +371,7 @@ impl Picker {
         for (ticket, response) in gone {
             if response.assignment_id != 0 {
                 tracing::info!(ticket, worker = %response.worker_id, "queued pick decided but never claimed: cancelled");
-                self.abandon(crate::assign::AssignmentId(response.assignment_id));
+                self.abandon(AssignmentId(response.assignment_id));
                 s.metrics.outcomes.get_or_create(&OutcomeLabels { class: String::new(), tenant: String::new(), outcome: "unclaimed" }).inc();
             }
         }
