@@ -286,6 +286,20 @@ pub fn classify_pick_status(status: Option<&str>, dispatch_status: Option<&str>)
     }
 }
 
+/// The longest a request waits in the state service's queue, whatever it answers: a guard
+/// against a service that keeps answering `queued` (its classes' deadlines shed long before).
+pub const MAX_QUEUE_WAIT_MS: f64 = 600_000.0;
+/// Allowed on top of the service's hold and the pick timeout for a queued pick's call.
+pub const QUEUE_CALL_MARGIN: Duration = Duration::from_millis(100);
+
+/// The timeout of the next call for a pick the state service holds in its queue, after
+/// `waited_ms` in it: the service's hold plus the pick timeout plus a margin, so a replica
+/// that dies or freezes meanwhile costs the request one call (about a second), not its whole
+/// wait. `None` past [`MAX_QUEUE_WAIT_MS`].
+pub fn queue_call_timeout(queued: &kvroute_core::wire::QueuedPick, waited_ms: f64, pick_timeout: Duration) -> Option<Duration> {
+    (waited_ms <= MAX_QUEUE_WAIT_MS).then(|| Duration::from_millis(u64::from(queued.wait_ms)) + pick_timeout + QUEUE_CALL_MARGIN)
+}
+
 /// The least pick time left for which a refused pick is sent again.
 pub const MIN_RETRY: Duration = Duration::from_millis(5);
 
@@ -315,6 +329,15 @@ fn sanitize(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queued_pick_is_asked_for_with_the_hold_plus_the_pick_timeout_until_it_waited_too_long() {
+        let q = kvroute_core::wire::QueuedPick { ticket: 7, wait_ms: 500, ahead: 3 };
+        let pick = Duration::from_millis(50);
+        assert_eq!(queue_call_timeout(&q, 0.0, pick), Some(Duration::from_millis(650)));
+        assert_eq!(queue_call_timeout(&q, MAX_QUEUE_WAIT_MS, pick), Some(Duration::from_millis(650)));
+        assert_eq!(queue_call_timeout(&q, MAX_QUEUE_WAIT_MS + 1.0, pick), None);
+    }
     use kvroute_core::request::{parse, Api};
 
     fn config(extra: &str) -> Config {

@@ -8,8 +8,7 @@
 
 use crate::decision::{
     build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, pick_retry, FallbackReason,
-    RequestMeta,
-};
+    RequestMeta, queue_call_timeout};
 use crate::admission::{OnUnread, Policy};
 use crate::config::Cidr;
 use crate::host;
@@ -91,11 +90,6 @@ enum Applied {
     Queued(QueuedPick),
 }
 
-/// The longest a request waits in the state service's queue, whatever it answers: a guard
-/// against a service that keeps answering `queued` (its classes' deadlines shed long before).
-const MAX_QUEUE_WAIT_MS: f64 = 600_000.0;
-/// Allowed on top of the service's hold and the pick timeout for a queued pick's call.
-const QUEUE_CALL_MARGIN: Duration = Duration::from_millis(100);
 
 /// Identity's view of the host, for one request's headers.
 struct HostFacts<F: Fn(&[Cidr]) -> bool> {
@@ -297,24 +291,23 @@ impl HttpFilter {
         Ok(Applied::Routed)
     }
 
-    /// The state service holds the pick in its queue: asks again with its ticket, allowing
-    /// the call the service's hold plus the pick timeout, so a replica that dies or freezes
-    /// meanwhile costs the request a fallback within about a second, not its whole wait.
-    fn wait_in_queue(&mut self, mut pick: PickRequest, queued: QueuedPick) {
+    /// The state service holds the pick in its queue: asks again with its ticket (see
+    /// [`queue_call_timeout`]). `Some(why)` when the request has waited too long: it is then
+    /// an unanswered pick like any other (admission decides whether it may fall back).
+    fn wait_in_queue(&mut self, mut pick: PickRequest, queued: QueuedPick) -> Option<(FallbackReason, String)> {
         let now = host::now_ms();
         let waited = (now - *self.queued_since_ms.get_or_insert(now)).max(0.0);
-        if waited > MAX_QUEUE_WAIT_MS {
-            self.fall_back(FallbackReason::PickTimeout, &format!(": queued {waited:.0} ms"));
-            return host::resume_request();
-        }
+        let Some(timeout) = queue_call_timeout(&queued, waited, self.shared.config.pick_timeout) else {
+            return Some((FallbackReason::PickTimeout, format!(": queued {waited:.0} ms")));
+        };
         host::increment(self.shared.metrics.pick_waits);
         host::log(LogLevel::Debug, &format!("kvroute: request {} waits in the queue ({} ahead)", self.meta.request_id, queued.ahead));
         pick.ticket = queued.ticket;
         pick.queued_ms = waited as u32;
-        let timeout = Duration::from_millis(u64::from(queued.wait_ms)) + self.shared.config.pick_timeout + QUEUE_CALL_MARGIN;
         if self.dispatch_pick(pick, timeout) == Action::Continue {
             host::resume_request();
         }
+        None
     }
 
     /// A stored response's `GET` / `DELETE` / cancel: asks the state service where it lives.
@@ -430,11 +423,15 @@ impl Context for HttpFilter {
         host::record(self.shared.metrics.pick_latency_us, (elapsed * 1000.0).round() as u64);
         let applied = self.apply_pick(body_size);
         self.return_carried();
-        let in_flight = self.resend.take();
-        if let (Ok(Applied::Queued(queued)), Some((pick, _))) = (&applied, &in_flight) {
-            let (pick, queued) = (pick.clone(), *queued);
-            return self.wait_in_queue(pick, queued);
-        }
+        let (applied, in_flight) = match (applied, self.resend.take()) {
+            (Ok(Applied::Queued(queued)), Some((pick, _))) => match self.wait_in_queue(pick, queued) {
+                None => return,
+                Some(gave_up) => (Err(gave_up), None),
+            },
+            // Every call keeps its pick, so this cannot happen; if it did, it is unanswered.
+            (Ok(Applied::Queued(_)), None) => (Err((FallbackReason::PickDecode, ": queued pick lost".to_string())), None),
+            other => other,
+        };
         if let (Err((reason, detail)), Some((pick, deadline_ms)), false) = (&applied, in_flight, self.resent) {
             let left = Duration::from_secs_f64(((deadline_ms - host::now_ms()) / 1000.0).max(0.0));
             if let Some(timeout) = pick_retry(*reason, left) {
@@ -450,9 +447,8 @@ impl Context for HttpFilter {
         match applied {
             // Answered here: the request goes nowhere.
             Ok(Applied::Answered(reply)) => return host::send_reply(&reply),
-            Ok(Applied::Routed) => {}
-            // Queued without a pick to send again (cannot happen: every call keeps its pick).
-            Ok(Applied::Queued(_)) => self.fall_back(FallbackReason::PickDecode, ": queued pick lost"),
+            // (A queued answer was sent again or turned into an error above.)
+            Ok(Applied::Routed | Applied::Queued(_)) => {}
             Err((reason, _)) if crate::admission::unanswered(reason) && self.admission.refuses_unanswered(&self.meta) => {
                 return self.refuse_unanswered(reason);
             }

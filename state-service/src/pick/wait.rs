@@ -55,8 +55,15 @@ impl Job {
 #[derive(Default)]
 struct Inner {
     queues: HashMap<String, Queue<Job>>,
-    /// Decisions (or sheddings) whose proxy was between calls: by ticket, with when made.
-    unclaimed: HashMap<u64, (PickResponse, Instant)>,
+    /// Decisions (or sheddings) whose proxy was between calls: by ticket, with when made and
+    /// the class and tenant label they count under.
+    unclaimed: HashMap<u64, Unclaimed>,
+}
+
+struct Unclaimed {
+    response: PickResponse,
+    at: Instant,
+    labels: OutcomeLabels,
 }
 
 /// What a pick became.
@@ -171,8 +178,8 @@ impl Picker {
         let (s, ticket) = (&self.sched, req.ticket);
         let wait = Duration::from_millis(u64::from(s.config.wait_ms));
         let mut inner = s.inner.lock();
-        if let Some((response, _)) = inner.unclaimed.remove(&ticket) {
-            return Some(Picked::Decided(response));
+        if let Some(u) = inner.unclaimed.remove(&ticket) {
+            return Some(Picked::Decided(u.response));
         }
         let (ahead, entry) = inner.queues.values_mut().find_map(|q| {
             let ahead = q.len().saturating_sub(1) as u32;
@@ -306,16 +313,17 @@ impl Picker {
         }
         let waited = since.elapsed();
         s.metrics.wait.get_or_create(&ClassLabels { class: class.clone() }).observe(waited.as_secs_f64());
-        s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "dispatched" }).inc();
+        let labels = OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "dispatched" };
+        s.metrics.outcomes.get_or_create(&labels).inc();
         let started = std::time::Instant::now();
         let plan = self.plan(policy, &req, view, keyed, 0);
         let response = self.admit_and_commit(policy, &req, plan, started).await;
         tracing::debug!(request_id = %req.request_id, ticket, worker = %response.worker_id, waited_ms = waited.as_millis() as u64, "queued pick dispatched");
-        self.deliver(ticket, waiter, response);
+        self.deliver(ticket, waiter, response, labels);
     }
 
     /// Hands `response` to the waiting call, or keeps it for the proxy's next call.
-    fn deliver(&self, ticket: u64, waiter: Option<oneshot::Sender<PickResponse>>, response: PickResponse) {
+    fn deliver(&self, ticket: u64, waiter: Option<oneshot::Sender<PickResponse>>, response: PickResponse, labels: OutcomeLabels) {
         let response = match waiter {
             Some(tx) => match tx.send(response) {
                 Ok(()) => return,
@@ -323,7 +331,7 @@ impl Picker {
             },
             None => response,
         };
-        self.sched.inner.lock().unclaimed.insert(ticket, (response, Instant::now()));
+        self.sched.inner.lock().unclaimed.insert(ticket, Unclaimed { response, at: Instant::now(), labels });
     }
 
     fn shed_expired(&self, now: Instant) {
@@ -332,10 +340,11 @@ impl Picker {
         for e in expired {
             let class = e.job.class.clone();
             s.depth_changed(&class, -1);
-            s.metrics.outcomes.get_or_create(&OutcomeLabels { class: class.clone(), tenant: self.tenants.label(&e.tenant), outcome: "shed_deadline" }).inc();
+            let labels = OutcomeLabels { class: class.clone(), tenant: self.tenants.label(&e.tenant), outcome: "shed_deadline" };
+            s.metrics.outcomes.get_or_create(&labels).inc();
             tracing::info!(request_id = %e.job.req.request_id, class = %class, "queued pick shed at its deadline");
             let response = rejected(e.job.policy, queue_rejection(format!("every worker stayed saturated for class {class}'s queue deadline")));
-            self.deliver(e.ticket, e.job.waiter, response);
+            self.deliver(e.ticket, e.job.waiter, response, labels);
         }
     }
 
@@ -363,16 +372,16 @@ impl Picker {
     fn cancel_unclaimed(&self, now: Instant) {
         let s = &self.sched;
         let keep = Duration::from_millis(s.config.unclaimed_ms);
-        let gone: Vec<(u64, PickResponse)> = {
+        let gone: Vec<(u64, Unclaimed)> = {
             let mut inner = s.inner.lock();
-            let old: Vec<u64> = inner.unclaimed.iter().filter(|(_, (_, at))| now.duration_since(*at) >= keep).map(|(t, _)| *t).collect();
-            old.into_iter().filter_map(|t| inner.unclaimed.remove(&t).map(|(r, _)| (t, r))).collect()
+            let old: Vec<u64> = inner.unclaimed.iter().filter(|(_, u)| now.duration_since(u.at) >= keep).map(|(t, _)| *t).collect();
+            old.into_iter().filter_map(|t| inner.unclaimed.remove(&t).map(|u| (t, u))).collect()
         };
-        for (ticket, response) in gone {
-            if response.assignment_id != 0 {
-                tracing::info!(ticket, worker = %response.worker_id, "queued pick decided but never claimed: cancelled");
-                self.abandon(AssignmentId(response.assignment_id));
-                s.metrics.outcomes.get_or_create(&OutcomeLabels { class: String::new(), tenant: String::new(), outcome: "unclaimed" }).inc();
+        for (ticket, u) in gone {
+            if u.response.assignment_id != 0 {
+                tracing::info!(ticket, worker = %u.response.worker_id, "queued pick decided but never claimed: cancelled");
+                self.abandon(AssignmentId(u.response.assignment_id));
+                s.metrics.outcomes.get_or_create(&OutcomeLabels { outcome: "unclaimed", ..u.labels }).inc();
             }
         }
     }
