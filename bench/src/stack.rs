@@ -86,6 +86,8 @@ pub struct StackConfig {
     /// The state service queues picks while every worker is saturated (`[scheduling]`), with
     /// tenant `class-<name>` in class `<name>` for each default class.
     pub scheduling: bool,
+    /// Settings written under `[scheduling]` (key, TOML value).
+    pub scheduling_set: Vec<(String, String)>,
     /// The filter takes the tenant from `x-tenant` sent from loopback (`--classes`).
     pub tenant_header: bool,
 }

@@ -70,6 +70,9 @@ pub struct LaunchArgs {
     /// Queue picks in the state service while every worker is saturated ([scheduling]).
     #[arg(long)]
     pub scheduling: bool,
+    /// A `[scheduling]` setting for --scheduling, repeatable: --scheduling-set max_unstarted=1.
+    #[arg(long, value_parser = parse_setting)]
+    pub scheduling_set: Vec<(String, String)>,
     #[command(flatten)]
     pub topology: TopologyArgs,
 }
@@ -98,6 +101,7 @@ impl LaunchArgs {
             redis_shards: self.topology.redis_shards,
             redis_bin: resolve_bin(&self.topology.redis_bin)?,
             scheduling: self.scheduling,
+            scheduling_set: self.scheduling_set.clone(),
             tenant_header: self.scheduling,
         })
     }
@@ -204,4 +208,18 @@ fn random_token() -> String {
     let mut bytes = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `key=value`, a TOML key and a scalar value as TOML writes it (`1`, `0.8`, `true`, `"x"`).
+fn parse_setting(s: &str) -> std::result::Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected key=value"))?;
+    let (k, v) = (k.trim(), v.trim());
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("{k:?}: not a setting name"));
+    }
+    let quoted = v.len() >= 2 && v.starts_with('"') && v.ends_with('"') && !v[1..v.len() - 1].contains(['"', '\\']);
+    if !(quoted || v == "true" || v == "false" || v.parse::<f64>().is_ok()) {
+        return Err(format!("{v:?}: expected a number, true, false or a quoted string"));
+    }
+    Ok((k.into(), v.into()))
 }

@@ -41,6 +41,7 @@ fn container_cfg() -> StackConfig {
         redis_shards: 3,
         redis_bin: "redis-server".into(),
         scheduling: false,
+        scheduling_set: Vec::new(),
         tenant_header: false,
     }
 }

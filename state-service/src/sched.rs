@@ -1,12 +1,14 @@
 //! Scheduling: picks wait in the state service, not in a worker's queue, while every worker
 //! that could take them is saturated, and are bound to a worker only when one frees capacity.
 //!
-//! The rule (all stated in [`SchedulingConfig`]): a worker is *saturated* when the prefill
-//! already waiting there (our requests without a first token, and the engine's own queue at
-//! `priors.default_request_tokens` a request) would delay a new request by at least
-//! `saturation_wait_ms` at the worker's calibrated per-token cost, or its KV cache is at least
-//! `max_kv_usage` full. A pick whose candidates are all saturated, or that finds picks of its
-//! model already queued (no overtaking), waits; below saturation nothing waits.
+//! The rule (all stated in [`SchedulingConfig`]), in the engine's own terms first: a worker is
+//! *saturated* when its engine already queues `max_engine_waiting` requests it could not start
+//! (scraped `num_requests_waiting`), or `max_unstarted` of our picks there still lack a first
+//! token (this covers the scrape interval, during which the engine's queue is not yet seen),
+//! or its KV cache is at least `max_kv_usage` full, or (when `saturation_wait_ms` > 0) the
+//! prefill waiting there would delay a new request that long at its calibrated per-token cost.
+//! Each bound is off at 0. A pick whose candidates are all saturated, or that finds picks of
+//! its model already queued (no overtaking), waits; below saturation nothing waits.
 //!
 //! The order ([`queue::Queue`]): service classes strictly by their order; within a class,
 //! tenants by deficit round robin over the prefill tokens their requests are predicted to
@@ -32,8 +34,11 @@ pub struct SchedulingConfig {
     /// Queue picks while every worker is saturated (off: every pick is placed at once, as
     /// before scheduling existed).
     pub enabled: bool,
-    /// A worker is saturated when the prefill waiting there would delay a new request this
-    /// long (ms) or more.
+    /// A worker is saturated when its engine queues this many requests (0: off).
+    pub max_engine_waiting: u32,
+    /// ... or this many of our picks there lack a first token (0: off).
+    pub max_unstarted: u32,
+    /// ... or the prefill waiting there would delay a new request this long (ms; 0: off).
     pub saturation_wait_ms: f64,
     /// ... or when its KV cache is at least this full (0..1, scraped `kv_cache_usage_perc`).
     pub max_kv_usage: f64,
@@ -94,7 +99,9 @@ impl Default for SchedulingConfig {
         let class = |order, queue_deadline_ms| ClassConfig { order, queue_deadline_ms };
         SchedulingConfig {
             enabled: false,
-            saturation_wait_ms: 1_000.0,
+            max_engine_waiting: 1,
+            max_unstarted: 2,
+            saturation_wait_ms: 0.0,
             max_kv_usage: 0.97,
             wait_ms: 500,
             unclaimed_ms: 2_000,
@@ -130,6 +137,9 @@ impl SchedulingConfig {
         }
         if self.wait_ms == 0 || self.quantum_tokens == 0 || self.max_queued == 0 {
             out.push("scheduling.wait_ms, quantum_tokens and max_queued must be positive".into());
+        }
+        if self.max_engine_waiting == 0 && self.max_unstarted == 0 && self.saturation_wait_ms == 0.0 && self.max_kv_usage >= 1.0 {
+            out.push("scheduling: every saturation bound is off, so nothing would ever wait".into());
         }
         if !(self.saturation_wait_ms >= 0.0 && self.aging_tokens_per_s >= 0.0 && self.max_kv_usage > 0.0) {
             out.push("scheduling.saturation_wait_ms and aging_tokens_per_s must be >= 0, max_kv_usage > 0".into());

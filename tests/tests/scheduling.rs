@@ -19,6 +19,8 @@ fn options() -> StackOptions {
 [scheduling]
 enabled = true
 saturation_wait_ms = 50.0
+max_engine_waiting = 0
+max_unstarted = 0
 wait_ms = 300
 
 [scheduling.classes.interactive]

@@ -51,7 +51,11 @@ pub fn state_toml(cfg: &StackConfig, r: usize) -> String {
     t.push('\n');
     let _ = writeln!(t, "[priors]\nper_token_ms = {}\noverhead_ms = {}\ndecode_ms_per_running = {}\n", 0.3 * s, 36.0 * s, 0.6 * s);
     if cfg.scheduling {
-        let _ = writeln!(t, "[scheduling]\nenabled = true\n");
+        let _ = writeln!(t, "[scheduling]\nenabled = true");
+        for (k, v) in &cfg.scheduling_set {
+            let _ = writeln!(t, "{k} = {v}");
+        }
+        t.push('\n');
         for class in ["interactive", "standard", "batch", "sheddable"] {
             let _ = writeln!(t, "[scheduling.tenants.\"class-{class}\"]\nclass = \"{class}\"\n");
         }
@@ -254,15 +258,18 @@ mod tests {
             redis_bin: "redis-server".into(),
             work_dir: "/tmp/x".into(),
             scheduling: false,
+            scheduling_set: Vec::new(),
             tenant_header: false,
         }
     }
 
     #[test]
     fn scheduling_maps_a_tenant_to_each_class_and_the_filter_trusts_the_header() {
-        let c = StackConfig { scheduling: true, tenant_header: true, ..cfg() };
+        let set = vec![("max_unstarted".to_string(), "1".to_string())];
+        let c = StackConfig { scheduling: true, scheduling_set: set, tenant_header: true, ..cfg() };
         let parsed: toml::Value = toml::from_str(&state_toml(&c, 0)).expect("valid TOML");
         assert_eq!(parsed["scheduling"]["enabled"].as_bool(), Some(true));
+        assert_eq!(parsed["scheduling"]["max_unstarted"].as_integer(), Some(1));
         assert_eq!(parsed["scheduling"]["tenants"]["class-batch"]["class"].as_str(), Some("batch"));
         assert!(envoy_yaml(&c).contains("x-tenant"));
         assert!(!state_toml(&cfg(), 0).contains("scheduling") && !envoy_yaml(&cfg()).contains("x-tenant"), "off by default");

@@ -159,8 +159,16 @@ impl Scheduler {
 
     /// Whether `w` is saturated (the rule in [`crate::sched`]).
     fn saturated(&self, w: &WorkerView, default_request_tokens: u32) -> bool {
-        let queued_tokens = w.pending.waiting_tokens.max(u64::from(w.load.waiting) * u64::from(default_request_tokens));
-        queued_tokens as f64 * w.per_token_ms >= self.config.saturation_wait_ms || w.load.kv_usage >= self.config.max_kv_usage
+        let c = &self.config;
+        let at = |bound: u32, n: u32| bound > 0 && n >= bound;
+        let predicted_wait = || {
+            let queued_tokens = w.pending.waiting_tokens.max(u64::from(w.load.waiting) * u64::from(default_request_tokens));
+            queued_tokens as f64 * w.per_token_ms
+        };
+        at(c.max_engine_waiting, w.load.waiting)
+            || at(c.max_unstarted, w.pending.waiting)
+            || w.load.kv_usage >= c.max_kv_usage
+            || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
 
     fn depth_changed(&self, class: &str, by: i64) {
