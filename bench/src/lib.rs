@@ -16,6 +16,7 @@
 //! - [`compare`]: one pass per policy (and rate), with resets in between.
 //! - [`stack`]: starts and stops the whole stack on loopback ports.
 //! - [`chaos`]: failure scenarios injected into a started stack, and what each cost.
+//! - [`sensitivity`]: the sensitivity classifier's precision and recall on a labelled corpus.
 //!
 //! Everything only ever talks to loopback addresses ([`target::ensure_loopback`]).
 
@@ -29,6 +30,7 @@ pub mod error;
 pub mod plot;
 pub mod report;
 pub mod runner;
+pub mod sensitivity;
 pub mod stack;
 pub mod stats;
 pub mod target;

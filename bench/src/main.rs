@@ -32,6 +32,18 @@ enum Cmd {
     GenTrace(Box<cli::GenTraceArgs>),
     /// Print a workload's reuse bounds (infinite cache, oracle with the fleet's KV) without a stack.
     Bounds(Box<cli::BoundsArgs>),
+    /// The sensitivity classifier's precision and recall per kind on a labelled corpus
+    /// (bench/sensitivity/corpus.py), and its cost at 1k / 8k / 32k-token prompts.
+    Sensitivity {
+        /// JSON lines {"text", "kinds"}.
+        corpus: PathBuf,
+        /// Timed scans per prompt size.
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        /// Print up to 20 prompts scored wrong for this kind (synthetic corpora only).
+        #[arg(long)]
+        errors: Option<String>,
+    },
     /// Redraw the table and plots from a report.json.
     Report {
         json: PathBuf,
@@ -57,6 +69,21 @@ fn main() -> Result<()> {
         }
         Cmd::GenTrace(args) => args.run(),
         Cmd::Bounds(args) => args.run(),
+        Cmd::Sensitivity { corpus, rounds, errors } => {
+            use kvroute_bench::sensitivity;
+            let corpus = sensitivity::read_corpus(&std::fs::read_to_string(&corpus)?)?;
+            if let Some(label) = errors {
+                let kind = kvroute_core::sensitive::Kind::from_label(&label).ok_or_else(|| anyhow::anyhow!("unknown kind {label:?}"))?;
+                let (missed, false_pos) = sensitivity::errors(&corpus, kind, 20);
+                missed.iter().for_each(|t| println!("MISSED ---\n{t}\n"));
+                false_pos.iter().for_each(|t| println!("FALSE ---\n{t}\n"));
+                return Ok(());
+            }
+            print!("{}", sensitivity::table(&sensitivity::score(&corpus)?, corpus.len()));
+            println!();
+            print!("{}", sensitivity::cost(&corpus, &[1_000, 8_000, 32_000], rounds));
+            Ok(())
+        }
         Cmd::Report { json, out } => {
             let mut report: kvroute_bench::report::RunReport = serde_json::from_slice(&std::fs::read(&json)?)?;
             // Figures derived from the samples and bounds are recomputed: a report written

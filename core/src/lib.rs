@@ -6,6 +6,7 @@
 //!
 //! - [`keys`]: kvroute's own chained block keys over token ids, and text-chunk keys.
 //! - [`request`]: OpenAI / Anthropic request bodies -> a [`request::PromptRequest`].
+//! - [`sensitive`]: which kinds of secrets and personal data a prompt holds (never what).
 //! - [`wire`]: the pick / report protobuf messages (`proto/kvroute.proto`).
 
 // The filter runs this crate inside Envoy's Wasm VM, where a panic traps the VM and fails
@@ -15,6 +16,7 @@
 
 pub mod keys;
 pub mod request;
+pub mod sensitive;
 pub mod targets;
 mod wire_json;
 
