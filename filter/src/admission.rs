@@ -57,6 +57,7 @@ pub fn unread_pick(meta: &RequestMeta, api: Api, unread: UnreadBody, body_bytes:
         tenant: meta.tenant.clone(),
         assignment_id: meta.assignment_id,
         body_bytes: u32::try_from(body_bytes).unwrap_or(u32::MAX),
+        pool: meta.pool.clone(),
         ..PickRequest::default()
     };
     pick.set_unread(unread);
@@ -72,10 +73,10 @@ mod tests {
         let raw = r#"{"state_unavailable":"reject","service_class":"standard","routes":{"free":{"unread_body":"reject","service_class":"batch"}}}"#;
         let a: Admission = serde_json::from_str(raw).unwrap();
         let standard = "standard".to_string();
-        assert_eq!(a.policy(None), Policy { unread_body: OnUnread::Charge, state_unavailable: OnStateUnavailable::Reject, service_class: standard });
+        assert_eq!(a.policy(None), Policy { unread_body: OnUnread::Charge, state_unavailable: OnStateUnavailable::Reject, service_class: standard, pool: String::new() });
         assert_eq!(a.policy(Some("other")), a.policy(None));
         let batch = "batch".to_string();
-        assert_eq!(a.policy(Some("free")), Policy { unread_body: OnUnread::Reject, state_unavailable: OnStateUnavailable::Allow, service_class: batch });
+        assert_eq!(a.policy(Some("free")), Policy { unread_body: OnUnread::Reject, state_unavailable: OnStateUnavailable::Allow, service_class: batch, pool: String::new() });
         assert!(serde_json::from_str::<Admission>(r#"{"unread":"charge"}"#).is_err(), "a typo is refused");
     }
 

@@ -64,6 +64,7 @@ pub struct RawConfig {
     pub route_variable: Option<String>,
     pub stream_usage: StreamUsage,
     pub admission: admission::Admission,
+    pub sensitivity: crate::pool::RawSensitivity,
 }
 
 /// Which streamed responses carry a usage event the filter must read.
@@ -120,6 +121,7 @@ impl Default for RawConfig {
             route_variable: None,
             stream_usage: StreamUsage::Requested,
             admission: admission::Admission::default(),
+            sensitivity: crate::pool::RawSensitivity::default(),
         }
     }
 }
@@ -183,6 +185,9 @@ pub struct Config {
     /// What a request kvroute cannot read or cannot get an answer for is admitted as (see
     /// `admission.rs`), for every route and per route name.
     pub admission: admission::Admission,
+    /// The sensitivity classifier and the pool it sends sensitive requests to (`pool.rs`);
+    /// `None`: off.
+    pub sensitivity: Option<crate::pool::Sensitivity>,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -212,6 +217,8 @@ pub enum ConfigError {
     Identity(String),
     #[error("`route_variable`: `{0}` is not an NGINX variable name (letters, digits, `_`)")]
     BadVariable(String),
+    #[error("`sensitivity`: {0}")]
+    Sensitivity(String),
 }
 
 impl Config {
@@ -316,6 +323,7 @@ impl Config {
             state_token,
             route_variable: raw.route_variable,
             stream_usage: raw.stream_usage,
+            sensitivity: raw.sensitivity.validate().map_err(ConfigError::Sensitivity)?,
             admission: raw.admission,
         })
     }

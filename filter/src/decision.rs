@@ -143,6 +143,8 @@ pub struct RequestMeta {
     pub trusted: bool,
     /// The route's service class (`admission.service_class`), for the state service's queue.
     pub service_class: String,
+    /// The pool it must be placed in (the route's, or the sensitivity classifier's).
+    pub pool: String,
 }
 
 /// The pick request for a parsed LLM request.
@@ -165,6 +167,7 @@ pub fn build_pick(config: &Config, req: &PromptRequest, meta: &RequestMeta) -> P
         assignment_id: meta.assignment_id,
         previous_response_id: req.previous_response_id.clone().unwrap_or_default(),
         service_class: meta.service_class.clone(),
+        pool: meta.pool.clone(),
         ..PickRequest::default()
     };
     match &req.prompt {

@@ -132,7 +132,18 @@ impl HttpFilter {
         }
     }
 
-    fn fall_back(&mut self, reason: FallbackReason, detail: &str) {
+    /// Sends the request by the route's default upstream: `Continue`. A request of a pool is
+    /// answered 503 instead (`Pause`): the default upstream is not its pool's.
+    #[must_use]
+    fn fall_back(&mut self, reason: FallbackReason, detail: &str) -> Action {
+        if !self.meta.pool.is_empty() {
+            self.phase = Phase::Idle;
+            self.cancel_assignment();
+            host::increment(self.shared.metrics.pool_unavailable);
+            host::log(LogLevel::Info, &format!("kvroute: request {} of pool {} refused ({}){detail}", self.meta.request_id, self.meta.pool, reason.label()));
+            host::send_reply(&reply::pool_unavailable(self.api, &self.meta.pool));
+            return Action::Pause;
+        }
         self.phase = Phase::Idle;
         self.fallback = Some(reason);
         self.shared.metrics.fallback(reason);
@@ -146,16 +157,43 @@ impl HttpFilter {
         if self.shared.config.fallback_header {
             host::set_header(MapType::HttpRequestHeaders, FALLBACK_HEADER, Some(reason.label()));
         }
+        Action::Continue
+    }
+
+    /// Places the request in `pool` (verified sources only), named to the upstream too.
+    fn place_in(&mut self, pool: &str) {
+        self.meta.pool = pool.to_string();
+        if !pool.is_empty() {
+            host::set_header(MapType::HttpRequestHeaders, crate::pool::POOL_HEADER, Some(pool));
+        }
+    }
+
+    /// The sensitivity classifier on the prompt's text (`None`: unreadable): a sensitive
+    /// request moves to the classifier's pool.
+    fn classify(&mut self, text: Option<&str>) {
+        let Some(s) = &self.shared.config.sensitivity else { return };
+        let (found, sensitive) = s.classify(text);
+        self.shared.metrics.findings(found);
+        if sensitive {
+            let pool = s.pool.clone();
+            host::increment(self.shared.metrics.sensitive);
+            self.place_in(&pool);
+        }
     }
 
     /// Body complete: parse it and dispatch the pick. Returns the action for the body callback.
     fn start_pick(&mut self, api: Api, body_size: usize) -> Action {
-        let c = &self.shared.config;
+        let shared = Rc::clone(&self.shared);
+        let c = &shared.config;
         let body = host::buffer(BufferType::HttpRequestBody, 0, body_size).unwrap_or_default();
         let req = match parse(api, &body) {
             Ok(r) => r,
             Err(e) => return self.unreadable(api, UnreadBody::UnreadUnparsable, body_size, &e.to_string()),
         };
+        self.classify(match &req.prompt {
+            kvroute_core::request::Prompt::Tokens(_) => None,
+            _ => Some(req.canonical_text()),
+        });
         self.streaming = req.stream;
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
         self.stream_usage = req.stream_usage || c.stream_usage == crate::config::StreamUsage::Always;
@@ -170,6 +208,7 @@ impl HttpFilter {
     /// request without a tenant has no budget to protect: it falls back as it always did.
     fn unreadable(&mut self, api: Api, unread: UnreadBody, body_bytes: usize, detail: &str) -> Action {
         let reason = crate::admission::fallback_reason(unread);
+        self.classify(None);
         if self.admission.unread_body == OnUnread::Reject {
             host::increment(self.shared.metrics.unread_rejected);
             host::log(LogLevel::Info, &format!("kvroute: request {} refused: {}: {detail}", self.meta.request_id, reason.label()));
@@ -178,8 +217,7 @@ impl HttpFilter {
             return Action::Pause;
         }
         if self.meta.tenant.is_empty() {
-            self.fall_back(reason, &format!(": {detail}"));
-            return Action::Continue;
+            return self.fall_back(reason, &format!(": {detail}"));
         }
         self.unread = unread;
         self.meta.assignment_id = self.shared.ids.next();
@@ -212,8 +250,7 @@ impl HttpFilter {
                     self.refuse_unanswered(FallbackReason::DispatchFailed);
                     return Action::Pause;
                 }
-                self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"));
-                Action::Continue
+                self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"))
             }
         }
     }
@@ -322,8 +359,7 @@ impl HttpFilter {
                 Action::Pause
             }
             Err(status) => {
-                self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"));
-                Action::Continue
+                self.fall_back(FallbackReason::DispatchFailed, &format!(": {status:?}"))
             }
         }
     }
@@ -360,6 +396,13 @@ impl HttpFilter {
             }
             None => {
                 host::set_header(MapType::HttpRequestHeaders, &route.header, Some(&route.value));
+                if !self.meta.pool.is_empty() {
+                    // A retry moves down the override list, then to the cluster's fallback
+                    // policy, which may pick any worker: a pool's request retries only within
+                    // its list (the state service lists its pool's workers alone).
+                    let retries = route.value.split(',').count().saturating_sub(1).to_string();
+                    host::set_header(MapType::HttpRequestHeaders, "x-envoy-max-retries", Some(&retries));
+                }
                 host::clear_route_cache();
             }
         }
@@ -410,7 +453,11 @@ impl Context for HttpFilter {
             match self.apply_locate(body_size, &response_id) {
                 Ok(Some(reply)) => return host::send_reply(&reply),
                 Ok(None) => {}
-                Err((reason, detail)) => self.fall_back(reason, &detail),
+                Err((reason, detail)) => {
+                    if self.fall_back(reason, &detail) == Action::Pause {
+                        return;
+                    }
+                }
             }
             return host::resume_request();
         }
@@ -452,7 +499,11 @@ impl Context for HttpFilter {
             Err((reason, _)) if crate::admission::unanswered(reason) && self.admission.refuses_unanswered(&self.meta) => {
                 return self.refuse_unanswered(reason);
             }
-            Err((reason, detail)) => self.fall_back(reason, &detail),
+            Err((reason, detail)) => {
+                if self.fall_back(reason, &detail) == Action::Pause {
+                    return;
+                }
+            }
         }
         host::resume_request();
     }
@@ -471,7 +522,8 @@ fn pick_failure(status: Option<&str>) -> (FallbackReason, String) {
 
 impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let c = &self.shared.config;
+        let shared = Rc::clone(&self.shared);
+        let c = &shared.config;
         let peer = (c.identity.needs_peer() || c.decision_header).then(|| host::property(&["source", "address"])).flatten();
         let peer_ip = peer.as_deref().and_then(crate::config::peer_ip);
         let trusted_hop = |ranges: &[Cidr]| peer_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(ip)));
@@ -507,6 +559,8 @@ impl HttpContext for HttpFilter {
         let route = if c.route_variable.is_none() { host::property(&["xds", "route_name"]) } else { None };
         self.admission = c.admission.policy(route.as_deref());
         self.meta.service_class = self.admission.service_class.clone();
+        let pool = self.admission.pool.clone();
+        self.place_in(&pool);
         host::increment(self.shared.metrics.llm_requests);
         self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
         self.meta.trusted = c.decision_header && c.trusts(peer.as_deref());
@@ -521,8 +575,7 @@ impl HttpContext for HttpFilter {
             None => self.meta.tenant = c.identity.default_tenant.clone().unwrap_or_default(),
         }
         if end_of_stream {
-            self.fall_back(FallbackReason::NoBody, "");
-            return Action::Continue;
+            return self.fall_back(FallbackReason::NoBody, "");
         }
         self.phase = Phase::Buffering;
         if c.route_variable.is_some() {

@@ -32,6 +32,7 @@ pub mod cidr;
 pub mod config;
 pub mod decision;
 pub mod identity;
+pub mod pool;
 pub mod reply;
 pub mod report;
 pub mod upstream;

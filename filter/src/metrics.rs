@@ -5,6 +5,7 @@
 
 use crate::decision::FallbackReason;
 use crate::host;
+use kvroute_core::sensitive::{Findings, Kind};
 use proxy_wasm::types::MetricType;
 
 #[derive(Debug, Default)]
@@ -40,6 +41,13 @@ pub struct Metrics {
     pub pick_retries: Option<u32>,
     /// Calls sent again for a pick the state service holds in its queue (every worker saturated).
     pub pick_waits: Option<u32>,
+    /// Requests the sensitivity classifier sent to its pool (a configured kind found, or text
+    /// it could not read).
+    pub sensitive: Option<u32>,
+    /// Requests whose prompt held each kind of finding, in `Kind::ALL` order.
+    pub findings: [Option<u32>; Kind::ALL.len()],
+    /// Requests of a pool answered 503: no worker of their pool could be picked.
+    pub pool_unavailable: Option<u32>,
 }
 
 impl Metrics {
@@ -63,6 +71,18 @@ impl Metrics {
             host_facts_malformed: counter("kvroute_host_facts_malformed"),
             pick_retries: counter("kvroute_pick_retries"),
             pick_waits: counter("kvroute_pick_waits"),
+            sensitive: counter("kvroute_sensitive"),
+            findings: Kind::ALL.map(|k| counter(&format!("kvroute_sensitive_{}", k.label()))),
+            pool_unavailable: counter("kvroute_pool_unavailable"),
+        }
+    }
+
+    /// Counts what a prompt held, by kind (never what it was).
+    pub fn findings(&self, found: Findings) {
+        for (kind, counter) in Kind::ALL.iter().zip(self.findings) {
+            if found.has(*kind) {
+                host::increment(counter);
+            }
         }
     }
 

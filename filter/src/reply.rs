@@ -117,6 +117,16 @@ pub fn admission_unavailable(api: Option<Api>) -> Reply {
     }
 }
 
+/// A request of a pool that no worker of the pool can take now: 503, never another pool.
+pub fn pool_unavailable(api: Option<Api>, pool: &str) -> Reply {
+    let message = format!("no worker of pool {pool:?} is available for this request; retry shortly");
+    Reply {
+        status: 503,
+        headers: vec![("content-type", "application/json".into()), ("retry-after", "1".into()), ("retry-after-ms", "1000".into())],
+        body: body(api, Kind::Unavailable, &message, "server_error"),
+    }
+}
+
 /// vLLM's own 404 for a stored response nobody holds any more (its worker is gone) or that is
 /// another tenant's, exactly as vLLM's Responses serving writes it for an unknown id.
 pub fn response_not_found(id: &str) -> Reply {

@@ -13,6 +13,7 @@ pub mod load;
 pub mod membership;
 pub mod metrics;
 pub mod pick;
+pub mod pools;
 pub mod reporter;
 pub mod sched;
 pub mod store;

@@ -65,6 +65,8 @@ pub struct PickConfig {
     pub max_model_len: std::collections::BTreeMap<String, u32>,
     pub default_max_model_len: u32,
     pub default_output_tokens: Option<u32>,
+    /// Pools of workers by label (`pools.rs`).
+    pub pools: std::collections::BTreeMap<String, crate::pools::PoolConfig>,
 }
 
 impl PickConfig {
@@ -91,6 +93,7 @@ impl From<&Config> for PickConfig {
             max_model_len: c.models.iter().filter_map(|(m, mc)| mc.max_model_len.map(|l| (m.clone(), l))).collect(),
             default_max_model_len: c.tenancy.max_model_len,
             default_output_tokens: c.tenancy.default_output_tokens,
+            pools: c.pools.clone(),
         }
     }
 }

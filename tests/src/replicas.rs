@@ -67,6 +67,7 @@ impl ReplicaStack {
                     urls.join(", "),
                     opts.tables
                 ),
+                worker_lines: Vec::new(),
             };
             let config = std::env::temp_dir().join(format!("kvroute-e2e-state-{port}.toml"));
             std::fs::write(&config, state_toml(port, http_base, zmq_base, opts.workers, &extra))?;

@@ -127,11 +127,13 @@ pub struct StateToml {
     pub top: String,
     /// Extra tables, e.g. `[redis]` and `[timeouts]`.
     pub tables: String,
+    /// Extra lines in worker `i`'s `[[workers]]` table (by index; shorter: none).
+    pub worker_lines: Vec<String>,
 }
 
 impl Default for StateToml {
     fn default() -> Self {
-        StateToml { scrape_metrics: true, top: String::new(), tables: String::new() }
+        StateToml { scrape_metrics: true, top: String::new(), tables: String::new(), worker_lines: Vec::new() }
     }
 }
 
@@ -152,6 +154,10 @@ pub fn state_toml(state_port: u16, http_base: u16, zmq_base: u16, workers: usize
         ));
         if extra.scrape_metrics {
             toml.push_str(&format!("metrics_url = \"http://127.0.0.1:{http}/metrics\"\n"));
+        }
+        if let Some(lines) = extra.worker_lines.get(i as usize) {
+            toml.push_str(lines);
+            toml.push('\n');
         }
     }
     toml.push_str(&extra.tables);

@@ -38,6 +38,9 @@ pub struct Policy {
     /// service's `[scheduling.classes]`); empty: the tenant's class there, else its default.
     /// The route is a verified source: a client cannot choose its class.
     pub service_class: String,
+    /// The pool of workers its requests must be placed in (the state service's `[pools]`;
+    /// see `crate::pool`); empty: none. Never from a client.
+    pub pool: String,
 }
 
 /// `admission` as written: the policy for every route, and per Envoy route name.
@@ -47,6 +50,7 @@ pub struct Admission {
     pub unread_body: OnUnread,
     pub state_unavailable: OnStateUnavailable,
     pub service_class: String,
+    pub pool: String,
     pub routes: BTreeMap<String, Policy>,
 }
 
@@ -56,7 +60,12 @@ impl Admission {
     pub fn policy(&self, route: Option<&str>) -> Policy {
         match route.and_then(|r| self.routes.get(r)) {
             Some(p) => p.clone(),
-            None => Policy { unread_body: self.unread_body, state_unavailable: self.state_unavailable, service_class: self.service_class.clone() },
+            None => Policy {
+                unread_body: self.unread_body,
+                state_unavailable: self.state_unavailable,
+                service_class: self.service_class.clone(),
+                pool: self.pool.clone(),
+            },
         }
     }
 }

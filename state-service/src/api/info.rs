@@ -59,6 +59,7 @@ fn worker_view(fleet: &Fleet, staleness_ms: u64, w: &WorkerEntry, now_unix_ms: u
         "lora_adapters": w.config.lora_adapters,
         "endpoint": w.config.endpoint,
         "cluster": w.config.cluster,
+        "labels": w.config.labels,
         "block_size": w.block_size,
         "healthy": load.healthy,
         "takes_picks": load.takes_picks(),

@@ -75,6 +75,8 @@ pub struct Config {
     pub responses: crate::stored::ResponsesConfig,
     /// Queueing picks while every worker is saturated (see `sched.rs`).
     pub scheduling: crate::sched::SchedulingConfig,
+    /// Pools of workers by label (see `pools.rs`).
+    pub pools: std::collections::BTreeMap<String, crate::pools::PoolConfig>,
 }
 
 impl Default for Config {
@@ -105,6 +107,7 @@ impl Default for Config {
             tenancy: crate::tenancy::TenancyConfig::default(),
             responses: crate::stored::ResponsesConfig::default(),
             scheduling: crate::sched::SchedulingConfig::default(),
+            pools: Default::default(),
         }
     }
 }
@@ -283,6 +286,9 @@ pub struct WorkerConfig {
     /// `host:port` the proxy routes to (endpoint-override mode).
     #[serde(default)]
     pub endpoint: String,
+    /// Labels pools select workers by (`[pools.NAME] labels`), e.g. `{ sensitivity = "restricted" }`.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
     /// Cluster name (cluster-header mode).
     #[serde(default)]
     pub cluster: String,
@@ -330,6 +336,7 @@ impl WorkerConfig {
             id: id.to_string(),
             model: model.to_string(),
             endpoint: String::new(),
+            labels: Default::default(),
             cluster: String::new(),
             events_endpoint: None,
             replay_endpoint: None,

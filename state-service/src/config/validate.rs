@@ -57,6 +57,9 @@ impl Config {
         if let Some(problem) = self.scheduling.problems().into_iter().next() {
             return Err(invalid("scheduling", problem));
         }
+        if let Some(problem) = crate::pools::problems(&self.pools).into_iter().next() {
+            return Err(invalid("pools", problem));
+        }
         if t.first_token_ttl_ms > t.assignment_ttl_ms {
             return Err(invalid("timeouts.first_token_ttl_ms", "must not exceed assignment_ttl_ms"));
         }

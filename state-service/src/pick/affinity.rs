@@ -2,7 +2,7 @@
 //! conversation (`previous_response_id`) goes to the worker that stored it, which alone holds
 //! that conversation, and only when it is its tenant's (another tenant's is not found); a body
 //! the proxy could not read goes to the default route; every other request may go to any
-//! healthy worker of its model.
+//! healthy worker of its model in its pool ([`crate::pools`]).
 //! ([`crate::stored`] keeps the owner map; this waits for an owner and asks the store.)
 
 use super::Picker;
@@ -31,6 +31,25 @@ pub(super) enum Target {
 
 impl Picker {
     pub(super) async fn target(&self, req: &PickRequest) -> Target {
+        match self.unpooled_target(req).await {
+            Target::Workers { view, continued } => Target::Workers { view: self.in_pool(req, view), continued },
+            other => other,
+        }
+    }
+
+    /// `view` less the workers `req`'s pool does not admit (a request of a pool with no healthy
+    /// worker gets no worker: never one of another pool).
+    pub(super) fn in_pool(&self, req: &PickRequest, mut view: ModelView) -> ModelView {
+        let pools = &self.config.pools;
+        let before = view.workers.len();
+        view.workers.retain(|w| crate::pools::admits(pools, &req.pool, &w.entry.config.labels));
+        if before > 0 && view.workers.is_empty() && !req.pool.is_empty() {
+            tracing::info!(request_id = %req.request_id, pool = %req.pool, "no healthy worker in the request's pool");
+        }
+        view
+    }
+
+    async fn unpooled_target(&self, req: &PickRequest) -> Target {
         if req.unread() != UnreadBody::UnreadNone {
             return Target::Unread;
         }

@@ -324,6 +324,7 @@ impl Picker {
         let labels = OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "dispatched" };
         s.metrics.outcomes.get_or_create(&labels).inc();
         let started = std::time::Instant::now();
+        let view = self.in_pool(&req, view);
         let plan = self.plan(policy, &req, view, keyed, 0);
         let response = self.admit_and_commit(policy, &req, plan, started).await;
         tracing::debug!(request_id = %req.request_id, ticket, worker = %response.worker_id, waited_ms = waited.as_millis() as u64, "queued pick dispatched");
