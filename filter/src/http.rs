@@ -138,6 +138,7 @@ impl HttpFilter {
     fn fall_back(&mut self, reason: FallbackReason, detail: &str) -> Action {
         if !self.meta.pool.is_empty() {
             self.phase = Phase::Idle;
+            self.tracker = None;
             self.cancel_assignment();
             host::increment(self.shared.metrics.pool_unavailable);
             host::log(LogLevel::Info, &format!("kvroute: request {} of pool {} refused ({}){detail}", self.meta.request_id, self.meta.pool, reason.label()));
@@ -168,13 +169,12 @@ impl HttpFilter {
         }
     }
 
-    /// The sensitivity classifier on the prompt's text (`None`: unreadable): a sensitive
-    /// request moves to the classifier's pool.
-    fn classify(&mut self, text: Option<&str>) {
+    /// The sensitivity classifier on what the request's text holds (`None`: unreadable): a
+    /// sensitive request moves to the classifier's pool.
+    fn classify(&mut self, found: Option<kvroute_core::sensitive::Findings>) {
         let Some(s) = &self.shared.config.sensitivity else { return };
-        let (found, sensitive) = s.classify(text);
-        self.shared.metrics.findings(found);
-        if sensitive {
+        self.shared.metrics.findings(found.unwrap_or_default());
+        if s.sensitive(found) {
             let pool = s.pool.clone();
             host::increment(self.shared.metrics.sensitive);
             self.place_in(&pool);
@@ -190,10 +190,12 @@ impl HttpFilter {
             Ok(r) => r,
             Err(e) => return self.unreadable(api, UnreadBody::UnreadUnparsable, body_size, &e.to_string()),
         };
-        self.classify(match &req.prompt {
-            kvroute_core::request::Prompt::Tokens(_) => None,
-            _ => Some(req.canonical_text()),
-        });
+        if c.sensitivity.is_some() {
+            // Every string of the body, not only the prompt: tools, instructions and metadata
+            // reach the worker too. Token ids cannot be read: sensitive.
+            let tokens = matches!(req.prompt, kvroute_core::request::Prompt::Tokens(_));
+            self.classify(if tokens { None } else { kvroute_core::sensitive::scan_json(&body) });
+        }
         self.streaming = req.stream;
         self.previous_response_id = req.previous_response_id.clone().unwrap_or_default();
         self.stream_usage = req.stream_usage || c.stream_usage == crate::config::StreamUsage::Always;

@@ -1,9 +1,10 @@
 //! A request's pool: which workers it may reach, from verified sources only. The route's
 //! configuration names one (`admission.pool`, per route in `admission.routes`); the
-//! sensitivity classifier (`sensitivity`) moves a request whose prompt holds a secret or
-//! personal data of the configured kinds to its pool, and so does every request whose text
-//! the filter cannot read while the classifier is on (token ids, an unread body): what cannot
-//! be checked is treated as sensitive. The classifier runs here, in the proxy, so the
+//! sensitivity classifier (`sensitivity`) moves a request whose body holds a secret or
+//! personal data of the configured kinds in any string (messages, tool definitions,
+//! instructions, metadata) to its pool, and so does every request whose text the filter
+//! cannot read while the classifier is on (token ids, an unread body): what cannot be checked
+//! is treated as sensitive. The classifier runs here, in the proxy, so the
 //! prompt's text is classified before it leaves it and the label binds even when the state
 //! service cannot answer. What it found is counted by kind and never logged.
 //!
@@ -13,7 +14,7 @@
 //! restricted prompt never spills to another pool. The upstream request carries the pool in
 //! `x-kvroute-pool` (set by the filter only; a client's copy is removed), for routes and logs.
 
-use kvroute_core::sensitive::{scan, Findings, Kind};
+use kvroute_core::sensitive::{Findings, Kind};
 use serde::Deserialize;
 
 pub const POOL_HEADER: &str = "x-kvroute-pool";
@@ -54,16 +55,10 @@ impl RawSensitivity {
 }
 
 impl Sensitivity {
-    /// What the prompt's text holds (`None`: its text cannot be read), and whether that
-    /// makes the request sensitive.
-    pub fn classify(&self, text: Option<&str>) -> (Findings, bool) {
-        match text {
-            Some(t) => {
-                let found = scan(t);
-                (found, found.any_of(self.kinds))
-            }
-            None => (Findings::default(), true),
-        }
+    /// Whether what the request's text holds (`None`: its text cannot be read) makes it
+    /// sensitive.
+    pub fn sensitive(&self, found: Option<Findings>) -> bool {
+        found.is_none_or(|f| f.any_of(self.kinds))
     }
 }
 
@@ -73,14 +68,15 @@ mod tests {
 
     #[test]
     fn configured_kinds_make_a_request_sensitive_and_unreadable_text_always_does() {
+        use kvroute_core::sensitive::scan;
         let s = RawSensitivity { pool: "restricted".into(), kinds: vec!["card".into(), "api_key".into()] }.validate().unwrap().unwrap();
-        assert!(s.classify(Some("charge 4111 1111 1111 1111 please")).1);
-        let (found, sensitive) = s.classify(Some("mail me at jane@example.com"));
-        assert!(found.has(Kind::Email) && !sensitive, "email is found, but not a configured kind");
-        assert!(!s.classify(Some("what is a KV cache?")).1);
-        assert!(s.classify(None).1, "token ids or an unread body cannot be checked: sensitive");
+        assert!(s.sensitive(Some(scan("charge 4111 1111 1111 1111 please"))));
+        let found = scan("mail me at jane@example.com");
+        assert!(found.has(Kind::Email) && !s.sensitive(Some(found)), "email is found, but not a configured kind");
+        assert!(!s.sensitive(Some(scan("what is a KV cache?"))));
+        assert!(s.sensitive(None), "token ids or an unread body cannot be checked: sensitive");
         let all = RawSensitivity { pool: "p".into(), kinds: vec![] }.validate().unwrap().unwrap();
-        assert!(all.classify(Some("jane@example.com")).1);
+        assert!(all.sensitive(Some(scan("jane@example.com"))));
         assert_eq!(RawSensitivity::default().validate(), Ok(None));
         assert!(RawSensitivity { pool: "p".into(), kinds: vec!["tattoo".into()] }.validate().is_err());
         assert!(RawSensitivity { pool: String::new(), kinds: vec!["card".into()] }.validate().is_err());
