@@ -156,3 +156,16 @@ fn findings_are_kinds_only_and_positions_do_not_matter() {
     assert!(!scan("ends with a digit 4").any());
     assert_eq!(Kind::from_label("iban"), Some(Kind::Iban));
 }
+
+#[test]
+fn a_body_is_read_in_every_string_not_only_the_messages() {
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],
+        "tools":[{"type":"function","function":{"name":"f","description":"auth with AKIAIOSFODNN7EXAMPLE"}}],
+        "metadata":{"owner":"jane.doe@example.com"}}"#;
+    let f = scan_json(body).unwrap();
+    assert!(f.has(Kind::ApiKey) && f.has(Kind::Email), "{:?}", f.kinds().collect::<Vec<_>>());
+    // Escapes are decoded before the scan: a key right after "\n" is still at a word start.
+    assert!(scan_json(br#"{"prompt":"key:\nAKIAIOSFODNN7EXAMPLE"}"#).unwrap().has(Kind::ApiKey));
+    assert!(!scan_json(br#"{"prompt":"plain"}"#).unwrap().any());
+    assert_eq!(scan_json(b"not json"), None);
+}
