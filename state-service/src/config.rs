@@ -7,6 +7,7 @@
 
 mod cli;
 mod file;
+pub mod groups;
 pub mod store;
 mod validate;
 

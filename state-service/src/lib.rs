@@ -6,6 +6,7 @@ pub mod api;
 pub mod app;
 pub mod assign;
 pub mod config;
+pub mod discovery;
 pub mod feeds;
 pub mod fleet;
 pub mod ingest;

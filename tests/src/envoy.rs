@@ -67,6 +67,40 @@ pub struct EnvoyExtra {
     pub downstream_tls: Option<DownstreamTls>,
     /// More state-service replicas: the state cluster's endpoints after `state_port`.
     pub more_state_ports: Vec<u16>,
+    /// The `workers` cluster as a Kubernetes headless Service is proxied: `STRICT_DNS` on a
+    /// name (every address it resolves to, re-resolved on the TTL) instead of `worker_ports`.
+    pub workers_dns: Option<WorkersDns>,
+}
+
+/// A `STRICT_DNS` workers cluster: `name:port`, asked of `resolver`.
+#[derive(Clone, Debug)]
+pub struct WorkersDns {
+    pub name: String,
+    pub port: u16,
+    pub resolver: std::net::SocketAddr,
+}
+
+impl WorkersDns {
+    /// The cluster's head (after its name) and its endpoints.
+    fn render(&self) -> (String, String) {
+        let head = format!(
+            r#"    type: STRICT_DNS
+    dns_refresh_rate: 1s
+    respect_dns_ttl: true
+    dns_lookup_family: V4_ONLY
+    typed_dns_resolver_config:
+      name: envoy.network.dns_resolver.cares
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig
+        resolvers: [{{ socket_address: {{ address: "{}", port_value: {} }} }}]
+        dns_resolver_options: {{ no_default_search_domain: true }}
+"#,
+            self.resolver.ip(),
+            self.resolver.port()
+        );
+        let endpoints = format!("[{{endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}}}]", self.name, self.port);
+        (head, endpoints)
+    }
 }
 
 /// PEM files of the listener's TLS (a test CA made at test time).
@@ -80,7 +114,7 @@ pub struct DownstreamTls {
 
 impl Default for EnvoyExtra {
     fn default() -> Self {
-        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None, filters_before: String::new(), downstream_tls: None, more_state_ports: Vec::new() }
+        EnvoyExtra { concurrency: 1, wasm: true, plain_listener: false, module: None, filters_before: String::new(), downstream_tls: None, more_state_ports: Vec::new(), workers_dns: None }
     }
 }
 
@@ -203,7 +237,7 @@ impl Envoy {
         }
         let endpoint = |p: u16| format!("{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}}}");
         let endpoints = |ports: &mut dyn Iterator<Item = &u16>| format!("[{}]", ports.map(|p| endpoint(*p)).collect::<Vec<_>>().join(", "));
-        let lb_endpoints = endpoints(&mut opts.worker_ports.iter());
+        let mut lb_endpoints = endpoints(&mut opts.worker_ports.iter());
         let state_endpoints = endpoints(&mut std::iter::once(&opts.state_port).chain(&extra.more_state_ports));
         // Worker i's own cluster: i at priority 0, the others at priority 1 (its failover).
         let clusters: String = opts
@@ -230,6 +264,13 @@ impl Envoy {
         }
         if let Some(tls) = &extra.downstream_tls {
             template = with_downstream_tls(&template, tls)?;
+        }
+        if let Some(dns) = &extra.workers_dns {
+            const WORKERS: &str = "\n  - name: workers\n    type: STATIC\n";
+            anyhow::ensure!(template.contains(WORKERS), "template layout changed: no STATIC workers cluster");
+            let (head, endpoints) = dns.render();
+            template = template.replacen(WORKERS, &format!("\n  - name: workers\n{head}"), 1);
+            lb_endpoints = endpoints;
         }
         let plain_port = extra.plain_listener.then(free_port);
         if let Some(p) = plain_port {

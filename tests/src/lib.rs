@@ -11,10 +11,12 @@
 //! - [`redis`], [`replicas`]: `redis-server` shards and several state-service replicas
 //!   (`store = "redis"`), each behind its own Envoy, in front of the same workers.
 //! - [`overhead`]: the request-path overhead benchmarks' state service, prompts and cells.
+//! - [`dns`]: a real DNS server (dnsmasq) whose records a discovery test changes.
 //! - [`pki`]: certificates and JWT keys made at test time with openssl.
 //! - [`fake`]: in-process fixtures (a fake state service and fake workers) for testing the
 //!   filter's protocol handling independently of the real services.
 
+pub mod dns;
 pub mod envoy;
 pub mod fake;
 pub mod host;

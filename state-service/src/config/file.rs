@@ -57,6 +57,8 @@ pub struct Config {
     /// one; with several, such a request is not routed (it still is admitted and charged).
     pub default_model: Option<String>,
     pub workers: Vec<WorkerConfig>,
+    /// Workers found by DNS or in a watched file (`[[worker_groups]]`, see `groups.rs`).
+    pub worker_groups: Vec<super::groups::WorkerGroup>,
     /// `memory` (default) or `redis` (several replicas act as one; see `[redis]`).
     pub store: StoreKind,
     pub redis: RedisConfig,
@@ -99,6 +101,7 @@ impl Default for Config {
             models: BTreeMap::new(),
             default_model: None,
             workers: Vec::new(),
+            worker_groups: Vec::new(),
             store: StoreKind::Memory,
             redis: RedisConfig::default(),
             tokenization: Tokenization::default(),
@@ -281,7 +284,11 @@ impl Default for Tokenization {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
+    /// Required (a group's template leaves it out: the group derives it).
+    #[serde(default)]
     pub id: String,
+    /// Required (a file group's entries may name it instead of the template).
+    #[serde(default)]
     pub model: String,
     /// `host:port` the proxy routes to (endpoint-override mode).
     #[serde(default)]

@@ -35,6 +35,25 @@ impl Config {
                 }
             }
         }
+        self.validate_groups()
+    }
+
+    fn validate_groups(&self) -> Result<(), ConfigError> {
+        let mut names = BTreeSet::new();
+        for (i, group) in self.worker_groups.iter().enumerate() {
+            let field = |name: &str| format!("worker_groups[{i}] ({}).{name}", group.name);
+            if let Some((name, message)) = group.problem() {
+                return Err(invalid(field(name), message));
+            }
+            if !names.insert(group.name.as_str()) {
+                return Err(invalid(field("name"), "duplicate group name"));
+            }
+            // The template on its own (a file's entries may name the model).
+            if !group.template.model.is_empty() {
+                let sample = WorkerConfig { id: format!("{}@template", group.name), ..group.template.clone() };
+                self.validate_worker(&sample).map_err(|e| prefix(&field("template"), e))?;
+            }
+        }
         Ok(())
     }
 
@@ -308,6 +327,32 @@ mod tests {
         let c = Config::from_toml(missing).expect("a missing dir degrades at run time, it is not a config error");
         assert_eq!(c.tokenizer_dir("m"), Some(std::path::Path::new("/also/missing")));
         assert_eq!(c.tokenizer_dir("other"), Some(std::path::Path::new("/nonexistent")));
+    }
+
+    #[test]
+    fn worker_groups_name_one_source_and_derive_what_a_worker_is() {
+        let ok = "[[worker_groups]]\nname = \"vllm\"\ndns = \"vllm.ns.svc\"\nport = 8000\nevents_port = 5557\n[worker_groups.template]\nmodel = \"m\"\n";
+        let c = Config::from_toml(ok).expect("a dns group");
+        let w = c.worker_groups[0].worker_at("[fd00::5]", 8000);
+        assert_eq!((w.id.as_str(), w.endpoint.as_str()), ("vllm@[fd00::5]:8000", "[fd00::5]:8000"));
+        assert_eq!(w.events_endpoint.as_deref(), Some("tcp://[fd00::5]:5557"));
+        c.validate_worker(&w).expect("a derived worker is valid");
+        let bad = [
+            ("[[worker_groups]]\nname = \"g\"\n[worker_groups.template]\nmodel = \"m\"\n", "exactly one"),
+            ("[[worker_groups]]\nname = \"g\"\ndns = \"a\"\nsrv = \"b\"\nport = 1\n[worker_groups.template]\nmodel = \"m\"\n", "exactly one"),
+            ("[[worker_groups]]\nname = \"g\"\ndns = \"a\"\n[worker_groups.template]\nmodel = \"m\"\n", "port"),
+            ("[[worker_groups]]\nname = \"g\"\nsrv = \"a\"\n[worker_groups.template]\n", "template.model"),
+            ("[[worker_groups]]\nname = \"g@\"\nsrv = \"a\"\n[worker_groups.template]\nmodel = \"m\"\n", "name"),
+            ("[[worker_groups]]\nname = \"g\"\nsrv = \"a\"\n[worker_groups.template]\nmodel = \"m\"\nendpoint = \"h:1\"\n", "come from the group"),
+            ("[[worker_groups]]\nname = \"g\"\nsrv = \"a\"\nmin_refresh_ms = 5000\nmax_refresh_ms = 10\n[worker_groups.template]\nmodel = \"m\"\n", "min_refresh_ms"),
+            ("[[worker_groups]]\nname = \"g\"\nsrv = \"a\"\n[worker_groups.template]\nmodel = \"m\"\ndp_ranks = 0\n", "template"),
+        ];
+        for (text, field) in bad {
+            let err = Config::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains(field), "{text}: {err}");
+        }
+        let twice = format!("{ok}{ok}");
+        assert!(Config::from_toml(&twice).unwrap_err().to_string().contains("duplicate group"));
     }
 
     #[test]
