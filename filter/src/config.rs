@@ -65,6 +65,7 @@ pub struct RawConfig {
     pub stream_usage: StreamUsage,
     pub admission: admission::Admission,
     pub sensitivity: crate::pool::RawSensitivity,
+    pub pools: crate::pool::RawPools,
 }
 
 /// Which streamed responses carry a usage event the filter must read.
@@ -122,6 +123,7 @@ impl Default for RawConfig {
             stream_usage: StreamUsage::Requested,
             admission: admission::Admission::default(),
             sensitivity: crate::pool::RawSensitivity::default(),
+            pools: crate::pool::RawPools::default(),
         }
     }
 }
@@ -188,6 +190,8 @@ pub struct Config {
     /// The sensitivity classifier and the pool it sends sensitive requests to (`pool.rs`);
     /// `None`: off.
     pub sensitivity: Option<crate::pool::Sensitivity>,
+    /// Where a request's pool comes from besides its route (`pool.rs`).
+    pub pools: crate::pool::Pools,
 }
 
 /// Why a configuration was rejected; the message is logged by `on_configure`.
@@ -213,6 +217,8 @@ pub enum ConfigError {
     NoTokenEnv(String),
     #[error("the state token must be at least 32 printable characters")]
     WeakToken,
+    #[error("`pools`: {0}")]
+    Pools(String),
     #[error("`identity`: {0}")]
     Identity(String),
     #[error("`route_variable`: `{0}` is not an NGINX variable name (letters, digits, `_`)")]
@@ -324,6 +330,7 @@ impl Config {
             route_variable: raw.route_variable,
             stream_usage: raw.stream_usage,
             sensitivity: raw.sensitivity.validate().map_err(ConfigError::Sensitivity)?,
+            pools: raw.pools.validate(|f, h| header_name(f, h).map_err(|e| e.to_string())).map_err(ConfigError::Pools)?,
             admission: raw.admission,
         })
     }

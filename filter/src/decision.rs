@@ -118,7 +118,8 @@ impl FallbackReason {
 /// routing header, configured extras, and each tenant header of an `identity` header source
 /// unless `trusted_hop(its ranges)` (the downstream peer is one of them).
 pub fn headers_to_strip<'a>(config: &Config, names: impl IntoIterator<Item = &'a str>, trusted_hop: impl Fn(&[Cidr]) -> bool) -> Vec<String> {
-    let untrusted: Vec<&str> = config.identity.header_sources().filter(|(_, ranges)| !trusted_hop(ranges)).map(|(name, _)| name).collect();
+    let hops = config.identity.header_sources().chain(config.pools.sources.header_sources());
+    let untrusted: Vec<&str> = hops.filter(|(_, ranges)| !trusted_hop(ranges)).map(|(name, _)| name).collect();
     names
         .into_iter()
         .map(str::to_ascii_lowercase)

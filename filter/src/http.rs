@@ -526,7 +526,7 @@ impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let shared = Rc::clone(&self.shared);
         let c = &shared.config;
-        let peer = (c.identity.needs_peer() || c.decision_header).then(|| host::property(&["source", "address"])).flatten();
+        let peer = (c.identity.needs_peer() || c.pools.sources.needs_peer() || c.decision_header).then(|| host::property(&["source", "address"])).flatten();
         let peer_ip = peer.as_deref().and_then(crate::config::peer_ip);
         let trusted_hop = |ranges: &[Cidr]| peer_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(ip)));
         let forged = headers_to_strip(c, host::header_names(MapType::HttpRequestHeaders).iter().map(String::as_str), trusted_hop);
@@ -561,8 +561,6 @@ impl HttpContext for HttpFilter {
         let route = if c.route_variable.is_none() { host::property(&["xds", "route_name"]) } else { None };
         self.admission = c.admission.policy(route.as_deref());
         self.meta.service_class = self.admission.service_class.clone();
-        let pool = self.admission.pool.clone();
-        self.place_in(&pool);
         host::increment(self.shared.metrics.llm_requests);
         self.meta.request_id = host::header(MapType::HttpRequestHeaders, "x-request-id").unwrap_or_default();
         self.meta.trusted = c.decision_header && c.trusts(peer.as_deref());
@@ -576,6 +574,8 @@ impl HttpContext for HttpFilter {
             }
             None => self.meta.tenant = c.identity.default_tenant.clone().unwrap_or_default(),
         }
+        let pool = c.pools.pool_of(&self.admission.pool, &HostFacts { trusted_hop }, &self.meta.tenant);
+        self.place_in(&pool);
         if end_of_stream {
             return self.fall_back(FallbackReason::NoBody, "");
         }
