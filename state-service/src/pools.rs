@@ -5,6 +5,10 @@
 //! that pool's workers alone; when none is healthy it gets no worker (the proxy then refuses
 //! it: a restricted prompt never spills to another pool). A pool is `exclusive` by default:
 //! its workers take no request that names no pool.
+//!
+//! Seen from outside: `/v1/workers` lists each worker's pools and each pool's size; metrics
+//! `kvroute_pool_workers{pool,state}` and `kvroute_pool_picks_total{pool,outcome}` (labels are
+//! the configured names, so their number is bounded by the config).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -43,6 +47,33 @@ pub fn admits(pools: &BTreeMap<String, PoolConfig>, pool: &str, labels: &BTreeMa
     pools.get(pool).is_some_and(|p| p.holds(labels))
 }
 
+/// The pools a worker with `labels` is in, by name.
+pub fn member_of<'a>(pools: &'a BTreeMap<String, PoolConfig>, labels: &BTreeMap<String, String>) -> Vec<&'a str> {
+    pools.iter().filter(|(_, p)| p.holds(labels)).map(|(name, _)| name.as_str()).collect()
+}
+
+/// A request's pool as a metric label: a configured name, `none`, or `unknown` (whatever a
+/// proxy sends, the label set stays the configured one).
+pub fn label(pools: &BTreeMap<String, PoolConfig>, pool: &str) -> String {
+    match pool {
+        "" => "none".into(),
+        p if pools.contains_key(p) => p.into(),
+        _ => "unknown".into(),
+    }
+}
+
+/// `[pools]` as `/v1/workers` shows it: each pool's labels, whether it is exclusive, and
+/// how many of `workers` (each: its labels, whether it takes picks) it holds.
+pub fn summary<'a>(pools: &BTreeMap<String, PoolConfig>, workers: impl Iterator<Item = (&'a BTreeMap<String, String>, bool)> + Clone) -> serde_json::Value {
+    let entries = pools.iter().map(|(name, p)| {
+        let members = workers.clone().filter(|(labels, _)| p.holds(labels));
+        let taking = members.clone().filter(|(_, takes)| *takes).count();
+        let view = serde_json::json!({ "labels": p.labels, "exclusive": p.exclusive(), "workers": members.count(), "taking_picks": taking });
+        (name.clone(), view)
+    });
+    serde_json::Value::Object(entries.collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +99,9 @@ mod tests {
         assert!(!admits(&pools, "nosuch", &public), "an unknown pool admits nothing");
         assert!(admits(&BTreeMap::new(), "", &onprem), "no pools: every worker");
         assert_eq!(problems(&BTreeMap::from([("x".to_string(), PoolConfig::default())])).len(), 1);
+        assert_eq!(member_of(&pools, &onprem), vec!["restricted"]);
+        assert_eq!((label(&pools, ""), label(&pools, "canary"), label(&pools, "x")), ("none".into(), "canary".into(), "unknown".into()));
+        let s = summary(&pools, [(&onprem, true), (&public, true), (&canary, false)].into_iter());
+        assert_eq!((s["restricted"]["workers"].as_u64(), s["canary"]["taking_picks"].as_u64()), (Some(1), Some(0)));
     }
 }

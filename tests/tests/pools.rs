@@ -133,6 +133,11 @@ async fn labelled_requests_reach_only_their_pool_and_are_refused_when_it_is_down
     assert_eq!(delta[0], 48.0, "every labelled request (classifier, API key), and only those, on the restricted worker: {delta:?}");
     assert_eq!(delta[1] + delta[2], 48.0, "unlabelled and forged requests on the public workers: {delta:?}");
     assert_eq!(stack.envoy().counter("kvroute_sensitive").await?, 24);
+    assert_eq!(stack.metric("kvroute_pool_picks_total", "pool=\"restricted\",outcome=\"eligible\"").await?, 48.0);
+    let view = stack.workers_view().await?;
+    assert_eq!(view["pools"]["restricted"]["workers"], 1, "{view}");
+    assert_eq!(view["workers"][0]["pools"], json!(["restricted"]));
+    assert_eq!(view["workers"][1]["pools"], json!([]));
 
     // The restricted pool goes down: labelled requests are refused, the others still served.
     stack.kill_worker(0);
@@ -158,5 +163,8 @@ async fn labelled_requests_reach_only_their_pool_and_are_refused_when_it_is_down
     let after = served(&stack, 3).await?;
     assert_eq!(after[1] + after[2] - before[1] - before[2], 24.0, "no labelled request spilled to a public worker");
     assert_eq!(stack.envoy().counter("kvroute_pool_unavailable").await?, 24);
+    assert_eq!(stack.metric("kvroute_pool_picks_total", "pool=\"restricted\",outcome=\"no_worker\"").await?, 24.0);
+    assert_eq!(stack.metric("kvroute_pool_workers", "pool=\"restricted\",state=\"taking_picks\"").await?, 0.0);
+    assert_eq!(stack.metric("kvroute_pool_workers", "pool=\"restricted\",state=\"registered\"").await?, 1.0);
     Ok(())
 }

@@ -48,7 +48,8 @@ fn engine_view(fleet: &Fleet, staleness_ms: u64, engine: &Engine, now_unix_ms: u
     EngineView { rank: engine.rank, slot: engine.slot.0, index_blocks: fleet.index().engine_blocks(engine.slot), events }
 }
 
-fn worker_view(fleet: &Fleet, staleness_ms: u64, w: &WorkerEntry, now_unix_ms: u64) -> Value {
+fn worker_view(fleet: &Fleet, config: &Config, w: &WorkerEntry, now_unix_ms: u64) -> Value {
+    let staleness_ms = config.timeouts.staleness_ms;
     let load = w.load.lock().clone();
     let pending = fleet.assignments().pending(&w.id);
     let cal = *w.calibration.lock();
@@ -60,6 +61,7 @@ fn worker_view(fleet: &Fleet, staleness_ms: u64, w: &WorkerEntry, now_unix_ms: u
         "endpoint": w.config.endpoint,
         "cluster": w.config.cluster,
         "labels": w.config.labels,
+        "pools": crate::pools::member_of(&config.pools, &w.config.labels),
         "block_size": w.block_size,
         "healthy": load.healthy,
         "takes_picks": load.takes_picks(),
@@ -83,11 +85,12 @@ fn worker_view(fleet: &Fleet, staleness_ms: u64, w: &WorkerEntry, now_unix_ms: u
 pub async fn workers(State(fleet): State<Arc<Fleet>>, State(picker): State<Arc<Picker>>, State(config): State<Arc<Config>>) -> Json<Value> {
     fleet.sweep(Instant::now());
     let now_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    let staleness_ms = config.timeouts.staleness_ms;
-    let workers: Vec<Value> = fleet.workers().iter().map(|w| worker_view(&fleet, staleness_ms, w, now_unix_ms)).collect();
+    let entries = fleet.workers();
+    let workers: Vec<Value> = entries.iter().map(|w| worker_view(&fleet, &config, w, now_unix_ms)).collect();
     Json(json!({
         "policy": picker.policy(),
         "assignments": fleet.assignments().len(),
+        "pools": crate::pools::summary(&config.pools, entries.iter().map(|w| (&w.config.labels, w.load.lock().takes_picks()))),
         "workers": workers,
     }))
 }

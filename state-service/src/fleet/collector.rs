@@ -37,6 +37,12 @@ struct EngineKindLabel {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+    state: &'static str,
+}
+
 type Values<L> = Vec<(L, f64)>;
 
 fn gauge<L: EncodeLabelSet>(enc: &mut DescriptorEncoder, name: &str, help: &str, values: &Values<L>) -> fmt::Result {
@@ -75,6 +81,25 @@ impl FleetCollector {
         let failures: Vec<_> =
             workers.iter().map(|w| (WorkerLabel { worker: w.id.to_string() }, w.load.lock().scrapes_failed)).collect();
         counter(enc, "worker_scrape_failures", "Failed metrics scrapes", &failures)
+    }
+
+    fn encode_pools(&self, enc: &mut DescriptorEncoder, workers: &[Arc<WorkerEntry>]) -> fmt::Result {
+        let pools = &self.0.config.pools;
+        if pools.is_empty() {
+            return Ok(());
+        }
+        let values: Values<PoolLabel> = pools
+            .keys()
+            .flat_map(|name| {
+                let members: Vec<_> = workers.iter().filter(|w| crate::pools::member_of(pools, &w.config.labels).contains(&name.as_str())).collect();
+                let taking = members.iter().filter(|w| w.load.lock().takes_picks()).count();
+                [
+                    (PoolLabel { pool: name.clone(), state: "registered" }, members.len() as f64),
+                    (PoolLabel { pool: name.clone(), state: "taking_picks" }, taking as f64),
+                ]
+            })
+            .collect();
+        gauge(enc, "pool_workers", "Workers per configured pool: registered, and taking picks", &values)
     }
 
     fn encode_engines(&self, enc: &mut DescriptorEncoder, workers: &[Arc<WorkerEntry>]) -> fmt::Result {
@@ -120,6 +145,7 @@ impl Collector for FleetCollector {
         )?;
         ConstCounter::new(evicted).encode(m)?;
         self.encode_workers(&mut encoder, &workers)?;
+        self.encode_pools(&mut encoder, &workers)?;
         self.encode_engines(&mut encoder, &workers)
     }
 }

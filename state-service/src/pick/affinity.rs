@@ -32,7 +32,13 @@ pub(super) enum Target {
 impl Picker {
     pub(super) async fn target(&self, req: &PickRequest) -> Target {
         match self.unpooled_target(req).await {
-            Target::Workers { view, continued } => Target::Workers { view: self.in_pool(req, view), continued },
+            Target::Workers { view, continued } => {
+                let view = self.in_pool(req, view);
+                if !req.pool.is_empty() {
+                    self.metrics.count_pool(crate::pools::label(&self.config.pools, &req.pool), !view.workers.is_empty());
+                }
+                Target::Workers { view, continued }
+            }
             other => other,
         }
     }

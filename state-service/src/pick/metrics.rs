@@ -28,6 +28,14 @@ pub struct PickMetrics {
     /// Requests naming a stored response (`pick`: previous_response_id; `locate`: GET, DELETE,
     /// cancel), by outcome: `routed` to its worker, `unknown` id, its worker `gone`.
     affinity: Family<AffinityLabels, Counter>,
+    /// Picks naming a pool, by pool (configured names) and whether it had a worker to offer.
+    pools: Family<PoolPickLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PoolPickLabels {
+    pool: String,
+    outcome: &'static str,
 }
 
 impl PickMetrics {
@@ -41,7 +49,9 @@ impl PickMetrics {
             tokenization: Family::default(),
             picks_abandoned: Counter::default(),
             affinity: Family::default(),
+            pools: Family::default(),
         };
+        registry.register("pool_picks", "Picks naming a pool, by pool and outcome (eligible: it had a worker taking picks; no_worker)", m.pools.clone());
         registry.register("picks", "Pick decisions by policy and outcome", m.picks.clone());
         registry.register("degraded_decisions", "Degraded pick decisions by reason", m.degraded.clone());
         registry.register("pick_latency_seconds", "Time to decide a pick", m.latency.clone());
@@ -72,6 +82,10 @@ impl PickMetrics {
 
     pub(super) fn count_degraded(&self, reason: DegradedReason) {
         self.degraded.get_or_create(&ReasonLabels { reason: Reason(reason) }).inc();
+    }
+
+    pub(super) fn count_pool(&self, pool: String, eligible: bool) {
+        self.pools.get_or_create(&PoolPickLabels { pool, outcome: if eligible { "eligible" } else { "no_worker" } }).inc();
     }
 
     pub(super) fn count_affinity(&self, path: &'static str, outcome: &'static str) {
