@@ -101,6 +101,13 @@ impl Dnsmasq {
         Ok(())
     }
 
+    /// Stops the server: lookups fail until [`Dnsmasq::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
     pub fn log_tail(&self) -> String {
         self.proc.as_ref().map(|p| p.log_tail(2000)).unwrap_or_default()
     }

@@ -7,8 +7,9 @@
 //! load: no request fails, new workers take picks within a TTL or two, the removed one is
 //! drained (its running requests finish) and then removed.
 //!
-//! SRV and files: a group finds its workers by an SRV record; a file group follows edits (an
-//! added entry, a relabelled one, a removed one) and keeps its last good set on a bad edit.
+//! SRV and files: a group finds its workers by an SRV record and keeps them while its DNS
+//! server is gone (counted); a file group follows edits (an added entry, a relabelled one, a
+//! removed one) and keeps its last good set on a bad edit.
 
 use anyhow::{Context, Result};
 use kvroute_e2e::dns::{Dnsmasq, Srv};
@@ -234,7 +235,7 @@ async fn an_srv_group_finds_targets_and_ports() -> Result<()> {
         Srv { name: "_http._tcp.vllm.kvroute.test", target: "a.kvroute.test", port: http_a },
         Srv { name: "_http._tcp.vllm.kvroute.test", target: "b.kvroute.test", port: http_b },
     ];
-    let dns = Dnsmasq::start(&[("127.0.0.6", "a.kvroute.test"), ("127.0.0.7", "b.kvroute.test")], &srv, 1).await?;
+    let mut dns = Dnsmasq::start(&[("127.0.0.6", "a.kvroute.test"), ("127.0.0.7", "b.kvroute.test")], &srv, 1).await?;
     let group = format!(
         "[[worker_groups]]\nname = \"srv\"\nsrv = \"_http._tcp.vllm.kvroute.test\"\nevents_port = {zmq}\nresolver = \"{}\"\n\
          [worker_groups.template]\nmodel = \"{MODEL}\"\nlabels = {{ tier = \"gpu\" }}\n",
@@ -250,6 +251,16 @@ async fn an_srv_group_finds_targets_and_ports() -> Result<()> {
     })
     .await
     .map_err(|e| e.context(format!("{}\n--- dnsmasq ---\n{}", state.log_tail(3000), dns.log_tail())))?;
+
+    // The DNS server goes away: each failed lookup is counted, the last good set stays.
+    dns.stop();
+    wait_for("failed lookups counted", Duration::from_secs(15), || async {
+        (metric(&client, state_port, "kvroute_discovery_failures_total", "group=\"srv\"").await.ok()? >= 1.0).then_some(())
+    })
+    .await?;
+    let ws = workers(&client, state_port).await?;
+    assert_eq!(ids(&ws), want, "a failed lookup drains nothing");
+    assert!(ws.iter().all(|w| w["draining"] == false));
     Ok(())
 }
 
