@@ -506,3 +506,58 @@ async fn hostile_load_small_picks_keep_flowing() -> Result<()> {
     println!("  hostile picks answered: {hostile_sent}, slowest {hostile_worst:.0} ms; {}", state.tokenization_counts().await);
     Ok(())
 }
+
+/// The sensitivity classifier's cost on the request path: the same text prompts (1k / 8k /
+/// 32k tokens, no secrets in them, so every byte is scanned and nothing is pooled) through two
+/// Envoys in front of the same state service and fake workers, one with `sensitivity` on and
+/// one without, requests alternating between them. Figures in `bench/README.md` ("The
+/// sensitivity classifier").
+#[tokio::test]
+#[ignore = "benchmark: prints figures"]
+async fn classifier_cost_through_envoy() -> Result<()> {
+    let n = samples_per_cell();
+    let workers = four_workers().await?;
+    let state = RealState::start(&workers, None).await?;
+    let start = |plugin: serde_json::Value| {
+        let opts = EnvoyOptions { mode: Mode::Endpoint, worker_ports: workers.iter().map(|w| w.port).collect(), state_port: state.port, plugin };
+        Envoy::start_with(opts, EnvoyExtra::default())
+    };
+    let off = start(json!({})).await?;
+    let on = start(json!({ "sensitivity": { "pool": "restricted" } })).await?;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    println!("\n### The classifier through Envoy (Wasm, V8), sequential text requests, {WARMUP} warm-up, {n} measured per size; ms\n");
+    println!("| tokens | body KiB | classifier off p50 | p99 | on p50 | p99 | added p50 | added p99 | added p50 per KiB (us) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (s, tokens) in SIZES.iter().enumerate() {
+        let (mut a, mut b, mut kib) = (Vec::new(), Vec::new(), 0);
+        for i in 0..WARMUP + n {
+            let bytes = body(PromptKind::TextChunks, 7_000_000 + 1_000_000 * s as u32 + i as u32, *tokens);
+            kib = bytes.len() / 1024;
+            let (ta, tb) = if i % 2 == 0 {
+                let ta = post(&client, &off.url("/v1/completions"), &bytes).await?.0;
+                (ta, post(&client, &on.url("/v1/completions"), &bytes).await?.0)
+            } else {
+                let tb = post(&client, &on.url("/v1/completions"), &bytes).await?.0;
+                (post(&client, &off.url("/v1/completions"), &bytes).await?.0, tb)
+            };
+            if i >= WARMUP {
+                a.push(ta);
+                b.push(tb);
+            }
+        }
+        a.sort_by(|x, y| x.total_cmp(y));
+        b.sort_by(|x, y| x.total_cmp(y));
+        let (p50, p99) = (pct(&b, 0.5) - pct(&a, 0.5), pct(&b, 0.99) - pct(&a, 0.99));
+        println!(
+            "| {} | {kib} | {:.3} | {:.3} | {:.3} | {:.3} | **{p50:.3}** | **{p99:.3}** | {:.1} |",
+            tokens,
+            pct(&a, 0.5),
+            pct(&a, 0.99),
+            pct(&b, 0.5),
+            pct(&b, 0.99),
+            p50 * 1000.0 / kib.max(1) as f64
+        );
+    }
+    println!("\nrequests the classifier marked sensitive: {} (expected 0: plain text)", on.counter("kvroute_sensitive").await?);
+    Ok(())
+}
