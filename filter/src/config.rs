@@ -57,6 +57,7 @@ pub struct RawConfig {
     pub identity: crate::identity::RawIdentity,
     pub strip_headers: Vec<String>,
     pub fallback_endpoints: usize,
+    pub first_byte_timeout_ms: u64,
     pub trusted_sources: Vec<String>,
     pub allowed_targets: Vec<String>,
     pub state_token: Option<String>,
@@ -115,6 +116,7 @@ impl Default for RawConfig {
             identity: crate::identity::RawIdentity::default(),
             strip_headers: Vec::new(),
             fallback_endpoints: 2,
+            first_byte_timeout_ms: 10_000,
             trusted_sources: Vec::new(),
             allowed_targets: Vec::new(),
             state_token: None,
@@ -170,6 +172,12 @@ pub struct Config {
     /// override-host header (`IP:Port,IP:Port,...`; a retry moves down the list). 0 for a
     /// header that takes one host (an ORIGINAL_DST cluster's `http_header_name`).
     pub fallback_endpoints: usize,
+    /// A streamed request whose worker sends no response head within this is retried on the
+    /// next endpoint of its list (Envoy's per-try timeout, which ends when the response
+    /// begins: a started stream is never retried). vLLM sends a stream's head before its
+    /// prefill, so only a frozen or stuck worker misses it. 0: off. Not applied to
+    /// non-streamed requests, whose head comes with the whole answer.
+    pub first_byte_timeout: Option<Duration>,
     /// Downstream peers trusted with the decision's details (`x-kvroute-decision` with
     /// worker, matched/total blocks and predicted TTFT); others get no match information.
     pub trusted_sources: Vec<Cidr>,
@@ -324,6 +332,7 @@ impl Config {
             identity,
             strip_headers,
             fallback_endpoints: raw.fallback_endpoints,
+            first_byte_timeout: (raw.first_byte_timeout_ms > 0).then(|| Duration::from_millis(raw.first_byte_timeout_ms)),
             trusted_sources,
             allowed_targets: raw.allowed_targets,
             state_token,

@@ -405,6 +405,11 @@ impl HttpFilter {
                     let retries = route.value.split(',').count().saturating_sub(1).to_string();
                     host::set_header(MapType::HttpRequestHeaders, "x-envoy-max-retries", Some(&retries));
                 }
+                if let Some(bound) = self.shared.config.first_byte_timeout.filter(|_| self.streaming) {
+                    // Ends when the response head arrives: moves a stream off a frozen worker
+                    // before anything reached the client, never one that has started.
+                    host::set_header(MapType::HttpRequestHeaders, PER_TRY_TIMEOUT_HEADER, Some(&bound.as_millis().to_string()));
+                }
                 host::clear_route_cache();
             }
         }
@@ -521,6 +526,9 @@ fn pick_failure(status: Option<&str>) -> (FallbackReason, String) {
     };
     (classify_pick_status(status, dispatch.as_deref()), detail)
 }
+
+/// Envoy's per-try timeout for this request (ms), in effect until the response head arrives.
+const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
 
 impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

@@ -221,6 +221,16 @@ impl Stack {
         Ok(())
     }
 
+    /// SIGSTOPs (`freeze = true`) or SIGCONTs worker `i`: a worker that still accepts
+    /// connections (the kernel does) and never answers.
+    pub fn freeze_worker(&self, i: usize, freeze: bool) -> Result<()> {
+        let pid = self.sims.get(i).and_then(Option::as_ref).and_then(Proc::pid).context("worker not running")?;
+        let signal = if freeze { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
+        Ok(())
+    }
+
     /// SIGKILLs worker `i`'s process (a vLLM server crashing: connections refused from now on).
     pub fn kill_worker(&mut self, i: usize) {
         if let Some(mut p) = self.sims.get_mut(i).and_then(Option::take) {

@@ -156,6 +156,50 @@ async fn a_reported_failure_stops_picks_until_the_worker_answers_again() -> Resu
     Ok(())
 }
 
+/// A worker frozen (SIGSTOP: it accepts connections, never answers): a stream picked for it
+/// gets no response head and moves to the next endpoint of its list after
+/// `first_byte_timeout_ms`, before anything reached the client; a stream it had already begun
+/// is held, never sent twice, and finishes when the worker resumes.
+#[tokio::test]
+async fn a_frozen_worker_costs_a_new_stream_at_most_the_first_byte_bound() -> Result<()> {
+    const BOUND_MS: u64 = 1500;
+    let plugin = serde_json::json!({ "first_byte_timeout_ms": BOUND_MS });
+    let s = Stack::start(StackOptions { workers: 3, plugin, ..StackOptions::default() }).await?;
+    let prefix = tokens(5100, 256);
+    warm(&s, 0, &prefix).await?;
+    let url = s.envoy().url("/v1/completions");
+
+    // A long stream begun on worker 0 before it freezes.
+    let begun = s.client.post(&url).json(&completion(MODEL, &concat(&prefix, &tokens(5101, 16)), 300, true)).send().await?;
+    assert_eq!(header(&begun, "x-sim-worker"), "0", "{}", header(&begun, "x-kvroute-decision"));
+    let held = tokio::spawn(async move { begun.text().await.unwrap_or_default() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.freeze_worker(0, true)?;
+
+    // A new stream for the warm (frozen) worker.
+    let t = Instant::now();
+    let r = s.client.post(&url).json(&completion(MODEL, &concat(&prefix, &tokens(5102, 16)), 8, true)).send().await?;
+    let took = t.elapsed();
+    let decision = header(&r, "x-kvroute-decision");
+    let served_by = header(&r, "x-sim-worker");
+    let body = r.text().await?;
+    println!("new stream picked {:?}, served by {served_by} after {took:?} (bound {BOUND_MS} ms)", decision_field(&decision, "worker"));
+    assert!(body.contains("[DONE]"), "served whole: {body}");
+    assert_ne!(served_by, "0", "moved off the frozen worker");
+    if decision_field(&decision, "worker").as_deref() == Some("0") {
+        assert!(took >= Duration::from_millis(BOUND_MS) && took < Duration::from_millis(BOUND_MS + 3000), "moved after the bound: {took:?}");
+    }
+
+    // The begun stream was held, not retried elsewhere: it finishes on worker 0 once it resumes.
+    assert!(!held.is_finished(), "a started stream waits for its worker");
+    s.freeze_worker(0, false)?;
+    let text = tokio::time::timeout(Duration::from_secs(60), held).await??;
+    assert!(text.contains("[DONE]"), "the begun stream finished: {}", &text[text.len().saturating_sub(300)..]);
+    let chunks = text.lines().filter(|l| l.starts_with("data: {")).count();
+    assert!(chunks <= 302, "nothing sent twice: {chunks} data events for 300 tokens");
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_drained_worker_finishes_its_requests_and_gets_no_new_ones() -> Result<()> {
     for_each_host(drain).await
