@@ -26,6 +26,9 @@ pub struct ApplyStats {
     pub rejected_unknown_parent: u64,
     pub rejected_unknown_hash: u64,
     pub rejected_bad_block: u64,
+    /// Blocks dropped, oldest first, because the engine held more than its capacity
+    /// ([`KvIndex::set_capacity`]): an engine reporting more blocks than it has.
+    pub evicted: u64,
 }
 
 /// How many leading keys of a request one engine holds.
@@ -55,4 +58,12 @@ pub trait KvIndex: Send + Sync + 'static {
 
     /// Number of blocks `engine` holds.
     fn engine_blocks(&self, engine: EngineSlot) -> usize;
+
+    /// Bounds what `engine` may hold (`None`: unbounded, the default). Past it, its oldest
+    /// stored blocks are dropped (counted in [`ApplyStats::evicted`]); lowering it drops them
+    /// at once. Returns how many were dropped now.
+    fn set_capacity(&self, engine: EngineSlot, blocks: Option<usize>) -> u64 {
+        let _ = (engine, blocks);
+        0
+    }
 }

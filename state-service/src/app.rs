@@ -85,7 +85,7 @@ impl App {
             timeout: Duration::from_millis(t.scrape_timeout_ms),
             unhealthy_after: config.unhealthy_after,
         };
-        let feeds = Feeds { scraper, index, warm_start };
+        let feeds = Feeds { scraper, index, warm_start, index_capacity_factor: config.resilience.index_capacity_factor };
         let membership = Arc::new(Membership::new(fleet.clone(), workers, feeds, Duration::from_millis(config.resilience.drain_timeout_ms)));
         for worker in &config.workers {
             membership.add_worker(worker)?;

@@ -6,7 +6,8 @@ use crate::config::WorkerConfig;
 use crate::fleet::{FeedSnapshot, FeedStats, WorkerEntry};
 use kvroute_kv::index::KvIndex;
 use crate::ingest::{connect_endpoint, spawn_ingest, EventKind, IngestConfig, IngestStats, RejectKind};
-use crate::load::{spawn_scraper, Scraper};
+use crate::load::{spawn_scraper, CapacityHook, Scraper};
+use kvroute_kv::types::EngineSlot;
 use crate::store::WarmStart;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,14 +16,37 @@ pub struct Feeds {
     pub scraper: Scraper,
     pub index: Arc<dyn KvIndex>,
     pub warm_start: Arc<dyn WarmStart>,
+    /// `resilience.index_capacity_factor` (0: engines' indexes unbounded).
+    pub index_capacity_factor: f64,
 }
 
 impl Feeds {
     pub fn start(&self, worker: &Arc<WorkerEntry>) {
-        if let Some(target) = worker.scrape_target() {
+        if let Some(mut target) = worker.scrape_target() {
+            target.on_capacity = self.capacity_hook(worker);
             worker.add_task(spawn_scraper(self.scraper.clone(), target));
         }
         self.start_ingestion(worker);
+    }
+
+    /// Bounds each of `worker`'s engine indexes by the blocks the worker reports: its share
+    /// times the factor, plus 256; set again only when the report changes.
+    fn capacity_hook(&self, worker: &Arc<WorkerEntry>) -> Option<CapacityHook> {
+        if self.index_capacity_factor <= 0.0 || worker.config.events_endpoint.is_none() {
+            return None;
+        }
+        let (index, factor, id) = (self.index.clone(), self.index_capacity_factor, worker.id.clone());
+        let slots: Vec<EngineSlot> = worker.slots().collect();
+        let last = AtomicU64::new(u64::MAX);
+        Some(CapacityHook(Arc::new(move |blocks: u64| {
+            if last.swap(blocks, Ordering::Relaxed) == blocks {
+                return;
+            }
+            let per_engine = blocks.div_ceil(slots.len().max(1) as u64) as f64;
+            let cap = (per_engine * factor).ceil() as usize + 256;
+            let dropped: u64 = slots.iter().map(|s| index.set_capacity(*s, Some(cap))).sum();
+            tracing::info!(worker = %id, reported_blocks = blocks, cap_per_engine = cap, dropped, "index bounded by the worker's reported capacity");
+        })))
     }
 
     /// One ingest thread per engine of `worker`; its stats are attached to the engine for the

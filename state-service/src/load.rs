@@ -13,7 +13,7 @@ pub mod parse;
 pub mod scrape;
 
 pub use parse::{parse_vllm, VllmLoad};
-pub use scrape::{scrape_once, spawn_scraper, Check, ScrapeError, ScrapeTarget, Scraper};
+pub use scrape::{scrape_once, spawn_scraper, CapacityHook, Check, ScrapeError, ScrapeTarget, Scraper};
 
 use kvroute_core::wire::UpstreamFailure;
 use tokio::time::Instant;

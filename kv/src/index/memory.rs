@@ -118,11 +118,24 @@ struct EngineMap {
     /// Scratch for computed keys and the bytes they hash, reused across events.
     keys: Vec<BlockKey>,
     key_buf: Vec<u8>,
+    /// The most blocks this engine may hold ([`KvIndex::set_capacity`]), and its hashes in the
+    /// order they were stored (kept only while bounded; a removed hash stays until popped or
+    /// compacted away, so this is at most about twice the blocks held).
+    capacity: Option<usize>,
+    order: std::collections::VecDeque<EngineHash>,
 }
 
 impl EngineMap {
     fn new(hasher: &SeededState) -> Self {
-        EngineMap { blocks: Blocks::new(hasher.clone()), extra_refs: HashMap::default(), cold: HashMap::default(), keys: Vec::new(), key_buf: Vec::new() }
+        EngineMap {
+            blocks: Blocks::new(hasher.clone()),
+            extra_refs: HashMap::default(),
+            cold: HashMap::default(),
+            keys: Vec::new(),
+            key_buf: Vec::new(),
+            capacity: None,
+            order: std::collections::VecDeque::new(),
+        }
     }
 
     fn cool(&mut self, key: BlockKey) {
@@ -336,6 +349,9 @@ impl MemoryIndex {
                     stats.blocks_stored += 1;
                     // `hold` left the engine's blocks untouched: the vacancy stands.
                     e.blocks.fill(vacant, hash, g << TIER_BITS | bit);
+                    if e.capacity.is_some() {
+                        e.order.push_back(hash);
+                    }
                     if bit != GPU {
                         e.cool(key);
                     }
@@ -377,16 +393,9 @@ impl MemoryIndex {
             };
             stats.blocks_removed += 1;
             let block = e.blocks.block(pos);
-            let was_cold = block & GPU == 0;
             let left = block & TIER_MASK & !bit;
             if left == 0 {
-                e.blocks.remove(pos);
-                if was_cold {
-                    // Before the release: the slot (and so the key) may go with it.
-                    let key = self.key_of(block);
-                    e.warm(key);
-                }
-                self.unhold(engine, &mut e.extra_refs, gslot(block));
+                self.drop_block(engine, e, pos);
             } else {
                 e.blocks.set_block(pos, block & !bit);
                 if bit == GPU {
@@ -397,7 +406,40 @@ impl MemoryIndex {
         }
     }
 
+    /// Forgets the block at `pos` in every tier.
+    fn drop_block(&self, engine: EngineSlot, e: &mut EngineMap, pos: u32) {
+        let block = e.blocks.block(pos);
+        e.blocks.remove(pos);
+        if block & GPU == 0 {
+            // Before the release: the slot (and so the key) may go with it.
+            let key = self.key_of(block);
+            e.warm(key);
+        }
+        self.unhold(engine, &mut e.extra_refs, gslot(block));
+    }
+
+    /// Drops `e`'s oldest blocks until it holds no more than its capacity; how many.
+    fn enforce_capacity(&self, engine: EngineSlot, e: &mut EngineMap) -> u64 {
+        let Some(cap) = e.capacity else { return 0 };
+        let mut evicted = 0;
+        while e.blocks.len() > cap {
+            let Some(hash) = e.order.pop_front() else { break };
+            if let Some(pos) = e.blocks.get(hash) {
+                self.drop_block(engine, e, pos);
+                evicted += 1;
+            }
+        }
+        // Hashes removed by the engine linger in the order until popped: compact when they
+        // outnumber the blocks held.
+        if e.order.len() > 2 * e.blocks.len() + 1024 {
+            let blocks = &e.blocks;
+            e.order.retain(|h| blocks.get(*h).is_some());
+        }
+        evicted
+    }
+
     fn clear_locked(&self, engine: EngineSlot, e: &mut EngineMap) {
+        e.order.clear();
         e.extra_refs = HashMap::default();
         e.cold = HashMap::default();
         let old = std::mem::replace(&mut e.blocks, Blocks::new(self.hasher.clone()));
@@ -487,8 +529,26 @@ impl KvIndex for MemoryIndex {
                 }
             }
         }
+        stats.evicted = self.enforce_capacity(engine, &mut e);
         self.track_cold(had_cold, &e);
         stats
+    }
+
+    fn set_capacity(&self, engine: EngineSlot, blocks: Option<usize>) -> u64 {
+        let handle = self.engine(engine);
+        let mut e = handle.lock();
+        if e.capacity.is_none() && blocks.is_some() {
+            // Bounded from now on: what it holds already counts as oldest, in no order.
+            let held: Vec<EngineHash> = e.blocks.iter().map(|(h, _)| h).collect();
+            e.order = held.into();
+        } else if blocks.is_none() {
+            e.order = std::collections::VecDeque::new();
+        }
+        e.capacity = blocks;
+        let had_cold = !e.cold.is_empty();
+        let evicted = self.enforce_capacity(engine, &mut e);
+        self.track_cold(had_cold, &e);
+        evicted
     }
 
     fn clear_engine(&self, engine: EngineSlot) {

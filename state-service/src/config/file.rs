@@ -132,11 +132,17 @@ pub struct Resilience {
     pub drain_timeout_ms: u64,
     /// Most assignments held; past it the oldest is freed (`kvroute_assignments_evicted_total`).
     pub max_assignments: usize,
+    /// Each engine's index holds at most this many times the blocks its worker reports
+    /// (`vllm:cache_config_info` GPU + CPU blocks, spread over its engines; plus 256): past
+    /// it the oldest are dropped, counted as `events_rejected{kind="over_capacity"}`. vLLM
+    /// evicts and says so, so only an engine reporting more than it has reaches it. 0: no
+    /// bound. Unbounded until the first scrape that reports capacity.
+    pub index_capacity_factor: f64,
 }
 
 impl Default for Resilience {
     fn default() -> Self {
-        Resilience { fallback_workers: 2, max_concurrent_picks: 256, pick_queue_ms: 20, drain_timeout_ms: 120_000, max_assignments: 200_000 }
+        Resilience { fallback_workers: 2, max_concurrent_picks: 256, pick_queue_ms: 20, drain_timeout_ms: 120_000, max_assignments: 200_000, index_capacity_factor: 2.0 }
     }
 }
 

@@ -104,6 +104,9 @@ impl Config {
         if r.max_assignments == 0 {
             return Err(invalid("resilience.max_assignments", "must be > 0"));
         }
+        if !(r.index_capacity_factor == 0.0 || (1.0..=100.0).contains(&r.index_capacity_factor)) {
+            return Err(invalid("resilience.index_capacity_factor", "must be 0 (no bound) or between 1 and 100"));
+        }
         if r.drain_timeout_ms == 0 {
             return Err(invalid("resilience.drain_timeout_ms", "must be > 0"));
         }

@@ -59,7 +59,7 @@ impl WorkerEntry {
             (None, false) => (format!("http://{}/health", self.config.endpoint), Check::Health),
             (None, true) => return None,
         };
-        Some(ScrapeTarget { worker: self.id.clone(), url, check, load: self.load.clone() })
+        Some(ScrapeTarget { worker: self.id.clone(), url, check, load: self.load.clone(), on_capacity: None })
     }
 
     pub fn add_task(&self, task: AbortHandle) {

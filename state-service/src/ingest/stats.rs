@@ -24,16 +24,20 @@ pub enum RejectKind {
     UnknownHash,
     /// A partial block, or a block size other than the configured one.
     BadBlock,
+    /// A held block dropped, oldest first, because the engine reported more blocks than its
+    /// worker's capacity allows (`resilience.index_capacity_factor`).
+    OverCapacity,
 }
 
 impl RejectKind {
-    pub const ALL: [RejectKind; 6] = [
+    pub const ALL: [RejectKind; 7] = [
         RejectKind::MalformedMessage,
         RejectKind::BadBatch,
         RejectKind::BadEvent,
         RejectKind::UnknownParent,
         RejectKind::UnknownHash,
         RejectKind::BadBlock,
+        RejectKind::OverCapacity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,6 +48,7 @@ impl RejectKind {
             RejectKind::UnknownParent => "unknown_parent",
             RejectKind::UnknownHash => "unknown_hash",
             RejectKind::BadBlock => "bad_block",
+            RejectKind::OverCapacity => "over_capacity",
         }
     }
 }
@@ -78,7 +83,7 @@ pub struct IngestStats {
     events: [AtomicU64; 3],
     pub blocks_stored: AtomicU64,
     pub blocks_removed: AtomicU64,
-    rejected: [AtomicU64; 6],
+    rejected: [AtomicU64; 7],
     /// Sequence gaps seen on the live stream, and how many replay closed completely.
     pub gaps: AtomicU64,
     pub gaps_recovered: AtomicU64,
@@ -146,6 +151,7 @@ impl IngestStats {
         self.reject(RejectKind::UnknownParent, s.rejected_unknown_parent);
         self.reject(RejectKind::UnknownHash, s.rejected_unknown_hash);
         self.reject(RejectKind::BadBlock, s.rejected_bad_block);
+        self.reject(RejectKind::OverCapacity, s.evicted);
         let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.last_event_unix_ms.store(ms, Relaxed);
     }

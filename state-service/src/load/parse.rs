@@ -77,6 +77,8 @@ pub struct VllmLoad {
     pub kv_usage: f64,
     pub block_size: Option<u32>,
     pub num_gpu_blocks: Option<u64>,
+    /// vLLM's CPU swap/offload blocks when it reports a number (`None` otherwise).
+    pub num_cpu_blocks: Option<u64>,
     /// Distinct `engine` label values seen.
     pub engines: u32,
 }
@@ -101,6 +103,8 @@ pub fn parse_vllm(text: &str) -> VllmLoad {
                 out.block_size = s.label("block_size").and_then(|v| v.parse().ok()).or(out.block_size);
                 let blocks: Option<u64> = s.label("num_gpu_blocks").and_then(|v| v.parse().ok());
                 out.num_gpu_blocks = blocks.map(|b| b.saturating_add(out.num_gpu_blocks.unwrap_or(0))).or(out.num_gpu_blocks);
+                let cpu: Option<u64> = s.label("num_cpu_blocks").and_then(|v| v.parse().ok());
+                out.num_cpu_blocks = cpu.map(|b| b.saturating_add(out.num_cpu_blocks.unwrap_or(0))).or(out.num_cpu_blocks);
             }
             _ => {}
         }

@@ -56,6 +56,18 @@ pub struct ScrapeTarget {
     pub url: String,
     pub check: Check,
     pub load: Arc<Mutex<LoadState>>,
+    /// Told the blocks (GPU + CPU) the worker reports, after each scrape that reports them.
+    pub on_capacity: Option<CapacityHook>,
+}
+
+/// What a worker's reported block capacity bounds (its engines' indexes).
+#[derive(Clone)]
+pub struct CapacityHook(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for CapacityHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapacityHook")
+    }
 }
 
 /// `GET url` answers 2xx within `timeout`.
@@ -74,6 +86,11 @@ impl Scraper {
             return HealthChange::None;
         }
         let result = scrape_once(&self.client, &target.url, self.timeout).await;
+        if let (Ok(load), Some(hook)) = (&result, &target.on_capacity) {
+            if let Some(blocks) = load.num_gpu_blocks.map(|g| g.saturating_add(load.num_cpu_blocks.unwrap_or(0))) {
+                (hook.0)(blocks);
+            }
+        }
         let mut state = target.load.lock();
         let (change, cleared) = match result {
             Ok(load) => (state.record_ok(load, Instant::now()), state.clear_suspect(started)),

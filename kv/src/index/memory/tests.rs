@@ -158,3 +158,51 @@ fn a_pair_held_by_one_engine_costs_under_44_bytes() {
     eprintln!("{per_pair:.1} B per pair ({shards} B shards, {maps} B engine maps)");
     assert!(per_pair < 44.0, "{per_pair:.1} B per pair");
 }
+
+#[test]
+fn a_bounded_engine_drops_its_oldest_blocks_and_releases_their_keys() {
+    let idx = MemoryIndex::new();
+    let (e, other) = (EngineSlot(1), EngineSlot(2));
+    idx.apply(other, M, 4, &[stored(&[1, 2], None, 0..8, Tier::Gpu)]);
+    assert_eq!(idx.set_capacity(e, Some(4)), 0);
+    // Ten blocks in one chain: the six oldest (the chain's head) go.
+    let hashes: Vec<u64> = (100..110).collect();
+    let s = idx.apply(e, M, 4, &[stored(&hashes, None, 0..40, Tier::Gpu)]);
+    assert_eq!((s.blocks_stored, s.evicted), (10, 6));
+    assert_eq!(idx.engine_blocks(e), 4);
+    assert_eq!(matches(&idx, &keys(8)), vec![(2, 2)], "its head is gone: no prefix match from the first key");
+    assert_eq!(matches(&idx, &keys(40)[6..]), vec![(1, 4)], "the four newest stay");
+    assert_eq!(idx.distinct_keys(), 4 + 2, "evicted keys no engine holds are released");
+    // The engine's own removals free room: nothing more is evicted for them.
+    let s = idx.apply(e, M, 4, &[KvEvent::Removed { hashes: vec![EngineHash(108), EngineHash(109)], tier: Tier::Gpu }]);
+    assert_eq!((s.blocks_removed, s.evicted), (2, 0));
+    let s = idx.apply(e, M, 4, &[stored(&[200, 201], None, 0..8, Tier::Gpu)]);
+    assert_eq!((s.evicted, idx.engine_blocks(e)), (0, 4));
+    // Lowering the bound drops the oldest at once; lifting it keeps what is there.
+    assert_eq!(idx.set_capacity(e, Some(1)), 3);
+    assert_eq!(idx.engine_blocks(e), 1);
+    assert_eq!(matches(&idx, &keys(8)[1..]), vec![(1, 1), (2, 1)], "the newest block stays");
+    assert_eq!(idx.set_capacity(e, None), 0);
+    let s = idx.apply(e, M, 4, &[stored(&(300..320).collect::<Vec<_>>(), None, 100..180, Tier::Gpu)]);
+    assert_eq!((s.evicted, idx.engine_blocks(e)), (0, 21));
+}
+
+#[test]
+fn a_flood_past_the_bound_keeps_memory_bounded() {
+    let idx = MemoryIndex::new();
+    let e = EngineSlot(3);
+    idx.set_capacity(e, Some(1000));
+    let mut evicted = 0;
+    for round in 0..200u64 {
+        // 100 fresh roots of one block each, 20,000 in all, none ever removed by the engine.
+        let events: Vec<KvEvent> = (0..100u64)
+            .map(|i| {
+                let t = (round * 100 + i) as u32 * 4;
+                stored(&[1_000_000 + round * 100 + i], None, t..t + 4, Tier::Gpu)
+            })
+            .collect();
+        evicted += idx.apply(e, M, 4, &events).evicted;
+    }
+    assert_eq!((idx.engine_blocks(e), evicted), (1000, 19_000));
+    assert_eq!(idx.distinct_keys(), 1000);
+}

@@ -133,7 +133,19 @@ impl KvIndex for MirroredIndex {
     fn apply(&self, engine: EngineSlot, model: &str, block_size: u32, events: &[KvEvent]) -> ApplyStats {
         let stats = self.inner.apply(engine, model, block_size, events);
         self.mark(engine, events);
+        if stats.evicted > 0 {
+            // Dropped blocks of earlier batches are in no diff: rewrite (bounded by the cap).
+            self.request_full(engine);
+        }
         stats
+    }
+
+    fn set_capacity(&self, engine: EngineSlot, blocks: Option<usize>) -> u64 {
+        let dropped = self.inner.set_capacity(engine, blocks);
+        if dropped > 0 {
+            self.request_full(engine);
+        }
+        dropped
     }
 
     fn clear_engine(&self, engine: EngineSlot) {
