@@ -167,13 +167,6 @@ pub struct GroupState {
     refused: BTreeMap<String, WorkerConfig>,
 }
 
-impl GroupState {
-    /// Ids of the workers the group registered.
-    pub fn owned(&self) -> impl Iterator<Item = &str> {
-        self.owned.keys().map(String::as_str)
-    }
-}
-
 /// A group's source, ready to be asked.
 enum Finder {
     Dns(Box<dns::Dns>),

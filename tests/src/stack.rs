@@ -164,6 +164,18 @@ pub fn state_toml(state_port: u16, http_base: u16, zmq_base: u16, workers: usize
     toml
 }
 
+/// The sum of the samples named `name` in exposition `text` whose line contains `labels`
+/// ("" for all); 0 when there are none.
+pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(labels))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            (series.split('{').next()? == name).then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
 impl Stack {
     pub async fn start(opts: StackOptions) -> Result<Stack> {
         let n = opts.workers as u16;
@@ -269,14 +281,7 @@ impl Stack {
     /// `labels` (e.g. `outcome="dispatched"`; "" for all); 0 when there are none.
     pub async fn metric(&self, name: &str, labels: &str) -> Result<f64> {
         let text = self.client.get(self.state_url("/metrics")).send().await?.error_for_status()?.text().await?;
-        Ok(text
-            .lines()
-            .filter(|l| !l.starts_with('#') && l.contains(labels))
-            .filter_map(|l| {
-                let (series, value) = l.rsplit_once(' ')?;
-                (series.split('{').next()? == name).then(|| value.parse::<f64>().ok()).flatten()
-            })
-            .sum())
+        Ok(metric_sum(&text, name, labels))
     }
 
     /// `GET /v1/workers` of the state service.

@@ -18,7 +18,7 @@ use kvroute_e2e::llm::{completion, header, tokens};
 use kvroute_e2e::net::{free_port, wait_for, wait_http_ok, API_TOKEN};
 use kvroute_e2e::paths;
 use kvroute_e2e::proc::Proc;
-use kvroute_e2e::stack::MODEL;
+use kvroute_e2e::stack::{metric_sum, MODEL};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,14 +72,7 @@ fn ids(ws: &[Value]) -> Vec<String> {
 
 async fn metric(client: &reqwest::Client, state_port: u16, name: &str, labels: &str) -> Result<f64> {
     let text = client.get(format!("http://127.0.0.1:{state_port}/metrics")).send().await?.text().await?;
-    Ok(text
-        .lines()
-        .filter(|l| !l.starts_with('#') && l.contains(labels))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            (series.split('{').next()? == name).then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum())
+    Ok(metric_sum(&text, name, labels))
 }
 
 /// One request's outcome: when it ended, its status and the sim that served it.
