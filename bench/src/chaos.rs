@@ -74,12 +74,12 @@ pub struct ChaosConfig {
 
 /// What one request saw.
 #[derive(Clone, Debug)]
-struct Outcome {
-    started: Instant,
-    ended: Instant,
-    ttfb: Option<Duration>,
-    served: bool,
-    fallback: String,
+pub(crate) struct Outcome {
+    pub started: Instant,
+    pub ended: Instant,
+    pub ttfb: Option<Duration>,
+    pub served: bool,
+    pub fallback: String,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -101,11 +101,13 @@ pub struct ScenarioResult {
     pub fallbacks_after_1s: Option<usize>,
 }
 
-fn prompt(seed: usize, n: usize) -> Vec<u32> {
+/// A token-id prompt, the same for the same seed (shared prefixes are one seed's prompt).
+pub(crate) fn prompt(seed: usize, n: usize) -> Vec<u32> {
     (0..n).map(|i| 1000 + ((seed as u32).wrapping_mul(7919).wrapping_add(i as u32 * 104_729)) % 100_000).collect()
 }
 
-async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value) -> Outcome {
+/// One streamed request through the proxy: served when it ended 2xx with `[DONE]`.
+pub(crate) async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value) -> Outcome {
     let started = Instant::now();
     let mut out = Outcome { started, ended: started, ttfb: None, served: false, fallback: String::new() };
     let Ok(mut r) = client.post(url).json(&body).send().await else {

@@ -16,6 +16,8 @@
 //! - [`compare`]: one pass per policy (and rate), with resets in between.
 //! - [`stack`]: starts and stops the whole stack on loopback ports.
 //! - [`chaos`]: failure scenarios injected into a started stack, and what each cost.
+//! - [`soak`]: the production topology for an hour with a fault every few minutes: RSS and
+//!   in-flight counts against the truth.
 //! - [`sensitivity`]: the sensitivity classifier's precision and recall on a labelled corpus.
 //!
 //! Everything only ever talks to loopback addresses ([`target::ensure_loopback`]).
@@ -31,6 +33,7 @@ pub mod plot;
 pub mod report;
 pub mod runner;
 pub mod sensitivity;
+pub mod soak;
 pub mod stack;
 pub mod stats;
 pub mod target;

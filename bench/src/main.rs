@@ -4,6 +4,7 @@
 mod chaos_cmd;
 mod cli;
 mod output;
+mod soak_cmd;
 mod stack_cmd;
 mod up_cmd;
 
@@ -25,6 +26,9 @@ enum Cmd {
     /// Inject each failure (state replica killed / frozen, worker killed / drained, Redis shard
     /// killed) into a started stack under bounded load; print what each cost.
     Chaos(Box<chaos_cmd::ChaosArgs>),
+    /// The production topology under production-shaped load for an hour (--minutes) with a
+    /// fault every few minutes: RSS per process and in-flight counts against the truth.
+    Soak(Box<soak_cmd::SoakArgs>),
     /// Start the stack and keep it running for your own clients until Ctrl-C (prints the
     /// base URLs for the OpenAI and Anthropic SDKs, and where to look).
     Up(Box<up_cmd::UpArgs>),
@@ -62,6 +66,10 @@ fn main() -> Result<()> {
         Cmd::Chaos(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(chaos_cmd::run(*args))
+        }
+        Cmd::Soak(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(soak_cmd::run(*args))
         }
         Cmd::Up(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

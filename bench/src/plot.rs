@@ -1,5 +1,6 @@
 //! Hand-written SVG plots (no plotting crate, no fonts, a few KB each so they can be
-//! committed): the TTFT CDF per policy, and goodput against offered rate for sweeps.
+//! committed): the TTFT CDF per policy, goodput against offered rate for sweeps, and plain
+//! lines over time (a soak's memory).
 //! The CDF's x axis is logarithmic because cache hits and misses differ by 10-100x.
 
 use crate::report::RunReport;
@@ -176,6 +177,20 @@ pub fn goodput_svg(report: &RunReport, title: &str) -> String {
         let mut pts = by_policy[name].clone();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         f.series(i, name, name, "", &pts, false);
+    }
+    f.finish()
+}
+
+/// Named lines over a linear x axis from 0 (a soak's RSS per process against time).
+pub fn lines_svg(title: &str, xlabel: &str, ylabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    let pts = || series.iter().flat_map(|(_, p)| p.iter());
+    let xmax = pts().map(|p| p.0).fold(0.0, f64::max).max(1.0);
+    let ymax = pts().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1;
+    let ticks = |max: f64| (0..=5).map(|i| max * i as f64 / 5.0).map(|v| v.round()).collect::<Vec<_>>();
+    let mut f = Frame::new(title, (0.0, xmax), (0.0, ymax), false);
+    f.axes(&ticks(xmax), &ticks(ymax), xlabel, ylabel);
+    for (i, (name, pts)) in series.iter().enumerate() {
+        f.series(i, name, name, "", pts, true);
     }
     f.finish()
 }

@@ -200,6 +200,11 @@ impl Stack {
         self.children.iter_mut().find(|c| c.name == name).ok_or_else(|| BenchError::Stack(format!("no running child {name}")))
     }
 
+    /// A running child's process id (its RSS is read from `/proc`).
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.iter().find(|c| c.name == name)?.pid()
+    }
+
     /// SIGKILLs a child (`sim2`, `state1`, `redis0`, ...) and forgets it.
     pub fn kill(&mut self, name: &str) -> Result<(), BenchError> {
         self.child(name)?.kill_now();

@@ -209,6 +209,13 @@ impl RedisStore {
         format!("{}:asg:{id}", self.config.key_prefix)
     }
 
+    /// A cancel of an assignment no replica had recorded when it came: kept for the
+    /// first-token TTL on the shard of the assignment's record, so a replica that could not
+    /// hear the cancel (frozen, or its subscription lost) finds it in its resync.
+    fn cancel_key(&self, id: u64) -> String {
+        format!("{}:cxl:{id}", self.config.key_prefix)
+    }
+
     fn worker_key(&self, id: &str) -> String {
         format!("{}:worker:{id}", self.config.key_prefix)
     }
@@ -338,7 +345,7 @@ impl RedisStore {
     fn op_key(&self, op: &Op) -> String {
         match op {
             Op::Put { record, .. } => self.assignment_key(record.id),
-            Op::Delete { id, .. } => self.assignment_key(*id),
+            Op::Delete { id, .. } | Op::Cancel { id } => self.assignment_key(*id),
             Op::Set { key, .. } | Op::Publish { key, .. } => key.clone(),
         }
     }
@@ -379,6 +386,11 @@ impl RedisStore {
             Op::Delete { event, .. } => {
                 pipe.del(&key).ignore();
                 self.publish(pipe, event);
+            }
+            Op::Cancel { id } => {
+                pipe.del(&key).ignore();
+                pipe.pset_ex(self.cancel_key(id), id, self.first_token_ttl.as_millis() as u64).ignore();
+                self.publish(pipe, Event::Cancelled { id });
             }
             Op::Set { value, px: None, .. } => {
                 pipe.set(&key, value).ignore();
@@ -476,7 +488,7 @@ impl Replication for Handle {
                 }
             }
             Change::Freed { id } => me.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } }),
-            Change::CancelledUnknown { id } => me.send(Op::Delete { id: id.0, event: Event::Cancelled { id: id.0 } }),
+            Change::CancelledUnknown { id } => me.send(Op::Cancel { id: id.0 }),
             Change::Suspected { worker, reason } => {
                 let event = Event::WorkerSuspect { id: worker.to_string(), reason: reason as i32 };
                 me.send(Op::Publish { key: me.worker_key(worker.as_str()), event });

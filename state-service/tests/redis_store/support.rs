@@ -66,11 +66,18 @@ impl RedisServer {
     }
 
     fn ping(&self) -> bool {
+        self.inline("PING").is_some_and(|r| r.starts_with("+PONG"))
+    }
+
+    /// Sends one inline command (words without spaces) and returns the first reply read.
+    pub fn inline(&self, command: &str) -> Option<String> {
         use std::io::{Read, Write};
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-        let mut buf = [0u8; 16];
-        s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+        s.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
     }
 }
 

@@ -11,14 +11,15 @@
 //!
 //! In: one subscriber task per shard turns other replicas' events into [`FleetEvent`]s and
 //! sends them to the service (`Inbound`), which applies them to its fleet exactly like its
-//! own. On every (re)subscription it first loads the shard's runtime-registered workers and
-//! live assignment records (SCAN), so a starting replica, or one that missed messages while a
-//! shard was away, catches up; applying a known assignment again changes nothing. Records
+//! own. On every (re)subscription it first loads the shard's runtime-registered workers, its
+//! cancel tombstones and live assignment records (SCAN), so a starting replica, or one that
+//! missed messages while a shard was away or it was frozen, catches up; applying a known
+//! assignment or cancel again changes nothing. Records
 //! and events older than their TTL are not adopted (counted as stale).
 //!
 //! Liveness: every replica publishes a heartbeat on every shard's channel each
 //! `heartbeat_ms`. A subscription that receives nothing, not even its own heartbeat, for
-//! three of them is half-open: the shard is marked down and unsubscribed (picks degraded,
+//! three of them (and one more, in case the process itself was stopped) is half-open: the shard is marked down and unsubscribed (picks degraded,
 //! `subscription_timeouts` counted) and the subscriber resubscribes, with the resync.
 
 use super::shards::ShardId;
@@ -44,6 +45,9 @@ pub enum Op {
     Put { record: Box<Record>, expires: Instant, event: Option<Event> },
     /// Delete the record and publish `event`.
     Delete { id: u64, event: Event },
+    /// A cancel of an id not recorded here: delete its record, keep a tombstone for the
+    /// first-token TTL (read by resyncs) and publish the cancel.
+    Cancel { id: u64 },
     /// A plain key/value (calibration snapshots), with a TTL in ms when `px` is set
     /// (response owners).
     Set { key: String, value: String, px: Option<u64> },
@@ -117,11 +121,19 @@ async fn subscribe_once(store: &RedisStore, inbound: &Inbound, shard: ShardId) -
     store.stats.resyncs.fetch_add(1, Ordering::Relaxed);
     store.shards.set_subscribed(shard, true);
     tracing::debug!(shard = %store.shards.node(shard).url, loaded, "subscribed to replica events");
-    let silence = Duration::from_millis(store.config.heartbeat_ms.max(1).saturating_mul(3));
+    let heartbeat = Duration::from_millis(store.config.heartbeat_ms.max(1));
+    let silence = heartbeat.saturating_mul(3);
     let mut messages = pubsub.on_message();
     loop {
-        // Anything, our own heartbeat included, proves the connection alive.
-        let msg = match tokio::time::timeout(silence, messages.next()).await {
+        // Anything, our own heartbeat included, proves the connection alive. A silence is
+        // given one more heartbeat: a process that was stopped (SIGSTOP, a VM pause) wakes
+        // with its timers past due before its socket is read, and what waits there (the
+        // cancels it must hear) is lost if the subscription is dropped unread.
+        let next = match tokio::time::timeout(silence, messages.next()).await {
+            Err(_) => tokio::time::timeout(heartbeat, messages.next()).await,
+            read => read,
+        };
+        let msg = match next {
             Ok(Some(msg)) => msg,
             Ok(None) => return Ok(()),
             Err(_) => {
@@ -160,12 +172,26 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
     for worker in workers {
         store.adopt_worker(inbound, worker);
     }
+    // Cancels first: a pick recorded by a replica after its proxy gave up (its record may
+    // still be on the shard) is discarded, not adopted, and our own such picks are freed.
+    let mut cancelled = std::collections::HashSet::new();
+    for value in store.scan_values(shard, &format!("{}:cxl:*", store.config.key_prefix)).await? {
+        match std::str::from_utf8(&value).ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(id) => {
+                cancelled.insert(id);
+                let _ = inbound.send(FleetEvent::Cancelled { id: AssignmentId(id) });
+            }
+            None => {
+                store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
     let mut loaded = 0;
     let now = Instant::now();
     let mut found = std::collections::HashSet::new();
     for value in store.scan_values(shard, &format!("{}:asg:*", store.config.key_prefix)).await? {
         match serde_json::from_slice::<Record>(&value) {
-            Ok(r) if r.replica != store.replica => match r.assignment(now, store.ttls()) {
+            Ok(r) if r.replica != store.replica && !cancelled.contains(&r.id) => match r.assignment(now, store.ttls()) {
                 Some(assignment) => {
                     loaded += 1;
                     found.insert(r.id);
