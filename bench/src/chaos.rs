@@ -16,9 +16,23 @@
 //! - a killed worker: noticed when replica 0 stops picking it, recovered when it takes picks
 //!   again after its restart;
 //! - a drained worker: noticed when the last replica marks it draining (replicated);
-//! - a killed Redis shard: noticed when replica 0 reports it down, recovered when it is up.
+//! - a killed Redis shard: noticed when replica 0 reports it down, recovered when it is up;
+//! - a frozen worker (SIGSTOP, `worker_freeze_secs`): noticed when replica 0 stops picking
+//!   it, recovered when it takes picks again; the longest time to first byte is the bound a
+//!   request sent to it paid (the filter's `first_byte_timeout_ms`, then a retry);
+//! - a flooding worker (its event stream announces `flood_blocks` blocks it never holds):
+//!   its index against the capacity it reports, and the memory of the state replicas and
+//!   Redis before, at the peak and after the worker resets its cache ([`flood`]).
+//!
+//! After every fault that ends, the time until each replica's count of the fleet's
+//! assignments in flight is back to the truth (the requests the load has running, within
+//! `tolerance`, held a second): phantom load after a fault is the load model lying.
 //!
 //! A fault that ends restores the stack; a drain does not (run it last).
+
+mod flood;
+
+pub use flood::FloodResult;
 
 use crate::stack::Stack;
 use crate::BenchError;
@@ -43,6 +57,11 @@ pub enum Fault {
     DrainWorker(usize),
     /// `kill -9` Redis shard i, restarted after `fault_secs`.
     KillShard(usize),
+    /// SIGSTOP worker i for `worker_freeze_secs`: it accepts connections and answers nothing.
+    FreezeWorker(usize),
+    /// Worker i's event stream announces `flood_blocks` blocks it never holds; then it resets
+    /// its cache.
+    FloodWorker(usize),
 }
 
 impl Fault {
@@ -55,6 +74,8 @@ impl Fault {
             Fault::KillWorker(i) => format!("worker {i} kill -9, restarted"),
             Fault::DrainWorker(i) => format!("worker {i} drained"),
             Fault::KillShard(i) => format!("Redis shard {i} kill -9, restarted"),
+            Fault::FreezeWorker(i) => format!("worker {i} frozen (SIGSTOP)"),
+            Fault::FloodWorker(i) => format!("worker {i} floods its event stream"),
         }
     }
 }
@@ -69,6 +90,12 @@ pub struct ChaosConfig {
     pub fault_secs: f64,
     /// How long `ReplicaDead` keeps the replica dead.
     pub dead_secs: f64,
+    /// How long `FreezeWorker` keeps the worker frozen.
+    pub worker_freeze_secs: f64,
+    /// Blocks `FloodWorker` announces.
+    pub flood_blocks: u64,
+    /// A replica's in-flight count within this of the truth counts as equal.
+    pub tolerance: u64,
     pub model: String,
 }
 
@@ -93,12 +120,28 @@ pub struct ScenarioResult {
     pub fallbacks: BTreeMap<String, usize>,
     pub ttfb_p50_ms: f64,
     pub ttfb_p99_ms: f64,
+    /// The longest time to first byte: what the unluckiest request waited.
+    pub ttfb_max_ms: f64,
     pub detect_ms: Option<f64>,
     pub recover_ms: Option<f64>,
     /// A dead replica: fallbacks of requests started more than 1 s into the fault, before it
     /// was back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallbacks_after_1s: Option<usize>,
+    /// After a fault that ends: every replica's in-flight count against the truth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight_after: Option<BackToTruth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<FloodResult>,
+}
+
+/// How the replicas' in-flight counts came back to the truth after a fault ended.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct BackToTruth {
+    /// `None`: not within 30 s.
+    pub after_ms: Option<f64>,
+    /// The largest excess of a replica's count over the truth seen until then (phantom load).
+    pub max_excess: i64,
 }
 
 /// A token-id prompt, the same for the same seed (shared prefixes are one seed's prompt).
@@ -185,6 +228,50 @@ where
     None
 }
 
+async fn in_flight(client: &reqwest::Client, replica: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(&get(client, format!("{replica}/v1/workers")).await?).ok()?;
+    v["assignments"].as_u64()
+}
+
+/// Each replica's count of the fleet's assignments in flight (`None`: it did not answer).
+pub(crate) async fn replica_in_flight(client: &reqwest::Client, replicas: &[String]) -> Vec<Option<u64>> {
+    let mut out = Vec::with_capacity(replicas.len());
+    for r in replicas {
+        out.push(in_flight(client, r).await);
+    }
+    out
+}
+
+/// The largest excess of a replica's in-flight count over the truth (phantom load); replicas
+/// that did not answer are left out.
+pub(crate) fn excess(counts: &[Option<u64>], truth: usize) -> i64 {
+    counts.iter().flatten().map(|&c| c as i64 - truth as i64).max().unwrap_or(0)
+}
+
+/// Polls every replica's count of the fleet's assignments in flight (each sees them all,
+/// through the store) until all are within `tolerance` of `truth` (the requests the load has
+/// running) for a second in a row, up to 30 s after `since`: how long after `since` that
+/// began, and the largest excess over the truth seen until then.
+pub(crate) async fn back_to_truth(control: &reqwest::Client, replicas: &[String], truth: &AtomicUsize, tolerance: u64, since: Instant) -> BackToTruth {
+    let (mut held_since, mut max_excess) = (None::<Instant>, 0i64);
+    while since.elapsed() < Duration::from_secs(30) {
+        let counts = replica_in_flight(control, replicas).await;
+        let t = truth.load(Ordering::SeqCst);
+        max_excess = max_excess.max(excess(&counts, t));
+        let equal = counts.iter().all(|c| c.is_some_and(|c| c.abs_diff(t as u64) <= tolerance));
+        match (equal, held_since) {
+            (true, None) => held_since = Some(Instant::now()),
+            (true, Some(s)) if s.elapsed() >= Duration::from_secs(1) => {
+                return BackToTruth { after_ms: Some((s - since).as_secs_f64() * 1000.0), max_excess };
+            }
+            (false, _) => held_since = None,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    BackToTruth { after_ms: None, max_excess }
+}
+
 /// Runs one scenario on `stack` and restores what the fault broke (except a drain).
 pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<ScenarioResult, BenchError> {
     let api = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", stack.config.api_token))
@@ -196,13 +283,13 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
     let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().map_err(|e| BenchError::Stack(e.to_string()))?;
     let url = format!("{}/v1/completions", stack.envoy_url());
     let prefixes: Arc<Vec<Vec<u32>>> = Arc::new((0..6).map(|p| prompt(7000 + p, cfg.prompt_tokens)).collect());
-    let (next, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (next, done, truth) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     // The load goes on past `requests` until the fault is over (a long one outlasts them).
     let over = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..cfg.concurrency.max(1))
         .map(|_| {
-            let (client, url, prefixes, next, done, over, cfg) =
-                (client.clone(), url.clone(), prefixes.clone(), next.clone(), done.clone(), over.clone(), cfg.clone());
+            let (client, url, prefixes, next, done, truth, over, cfg) =
+                (client.clone(), url.clone(), prefixes.clone(), next.clone(), done.clone(), truth.clone(), over.clone(), cfg.clone());
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 loop {
@@ -214,7 +301,9 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
                     p.extend(prompt(90_000 + n, 16));
                     let body = serde_json::json!({"model": cfg.model, "prompt": p, "max_tokens": cfg.output_tokens, "stream": true,
                         "ignore_eos": true, "stream_options": {"include_usage": true}});
+                    truth.fetch_add(1, Ordering::SeqCst);
                     out.push(one(&client, &url, body).await);
+                    truth.fetch_sub(1, Ordering::SeqCst);
                     done.fetch_add(1, Ordering::SeqCst);
                 }
             })
@@ -225,7 +314,7 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
     }
     let hold = Duration::from_secs_f64(cfg.fault_secs);
     let t0 = Instant::now();
-    let (mut detect_ms, mut recover_ms, mut restored_at) = (None, None, None);
+    let (mut detect_ms, mut recover_ms, mut restored_at, mut flood) = (None, None, None, None);
     match fault {
         Fault::None => {}
         Fault::KillReplica(r) | Fault::FreezeReplica(r) | Fault::ReplicaDead(r) => {
@@ -251,7 +340,21 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
             tokio::time::sleep(hold.saturating_sub(t0.elapsed())).await;
             stack.restart(&format!("sim{i}"))?;
             let back = Instant::now();
+            restored_at = Some(back);
             recover_ms = when(back, Duration::from_secs(30), || async { worker_flag(&replicas, &control, 0, i, "takes_picks").await == Some(true) }).await;
+        }
+        Fault::FreezeWorker(i) => {
+            stack.freeze(&format!("sim{i}"), true)?;
+            let hold = Duration::from_secs_f64(cfg.worker_freeze_secs);
+            detect_ms = when(t0, hold, || async { worker_flag(&replicas, &control, 0, i, "takes_picks").await == Some(false) }).await;
+            tokio::time::sleep(hold.saturating_sub(t0.elapsed())).await;
+            stack.freeze(&format!("sim{i}"), false)?;
+            let back = Instant::now();
+            restored_at = Some(back);
+            recover_ms = when(back, Duration::from_secs(30), || async { worker_flag(&replicas, &control, 0, i, "takes_picks").await == Some(true) }).await;
+        }
+        Fault::FloodWorker(i) => {
+            flood = Some(flood::run(stack, &control, &replicas, i, cfg.flood_blocks).await?);
         }
         Fault::DrainWorker(i) => {
             let r = control
@@ -272,9 +375,14 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
             tokio::time::sleep(hold.saturating_sub(t0.elapsed())).await;
             stack.restart(&format!("redis{i}"))?;
             let back = Instant::now();
+            restored_at = Some(back);
             recover_ms = when(back, Duration::from_secs(30), || async { shard_up(&replicas, &control, i).await == Some(true) }).await;
         }
     }
+    let in_flight_after = match restored_at {
+        Some(back) => Some(back_to_truth(&control, &replicas, &truth, cfg.tolerance, back).await),
+        None => None,
+    };
     over.store(true, Ordering::SeqCst);
     let mut outcomes = Vec::new();
     for t in tasks {
@@ -316,9 +424,12 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
         fallbacks,
         ttfb_p50_ms: percentile(&ttfb, 0.5),
         ttfb_p99_ms: percentile(&ttfb, 0.99),
+        ttfb_max_ms: ttfb.last().copied().unwrap_or(f64::NAN),
         detect_ms,
         recover_ms,
         fallbacks_after_1s,
+        in_flight_after,
+        flood,
     })
 }
 
@@ -326,7 +437,7 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
 pub fn table(results: &[ScenarioResult]) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
     let mut t = String::from(
-        "| fault during load | failed / total | failed beyond those running on a killed worker | fallbacks by reason | fallbacks after its first second | TTFB p50 / p99 | noticed after | recovered after |\n|---|---|---|---|---|---|---|---|\n",
+        "| fault during load | failed / total | failed beyond those running on a killed worker | fallbacks by reason | fallbacks after its first second | TTFB p50 / p99 / max | noticed after | recovered after | in flight back to the truth after (largest excess) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let fallbacks = if r.fallbacks.is_empty() {
@@ -335,7 +446,7 @@ pub fn table(results: &[ScenarioResult]) -> String {
             r.fallbacks.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
         };
         t.push_str(&format!(
-            "| {} | {} / {} | {} | {} | {} | {:.0} / {:.0} ms | {} | {} |\n",
+            "| {} | {} / {} | {} | {} | {} | {:.0} / {:.0} / {:.0} ms | {} | {} | {} |\n",
             r.scenario,
             r.failed,
             r.total,
@@ -344,9 +455,69 @@ pub fn table(results: &[ScenarioResult]) -> String {
             r.fallbacks_after_1s.map_or("-".to_string(), |n| n.to_string()),
             r.ttfb_p50_ms,
             r.ttfb_p99_ms,
+            r.ttfb_max_ms,
             ms(r.detect_ms),
-            ms(r.recover_ms)
+            ms(r.recover_ms),
+            r.in_flight_after.map_or("-".to_string(), |b| match b.after_ms {
+                Some(ms) => format!("{ms:.0} ms ({:+})", b.max_excess),
+                None => format!("not within 30 s ({:+})", b.max_excess),
+            })
         ));
     }
+    let floods: Vec<&FloodResult> = results.iter().filter_map(|r| r.flood.as_ref()).collect();
+    if !floods.is_empty() {
+        t.push('\n');
+        t.push_str(&flood::table(&floods));
+    }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_excess_is_the_worst_replica_that_answered() {
+        assert_eq!(excess(&[Some(8), Some(11)], 8), 3);
+        assert_eq!(excess(&[None, Some(6)], 8), -2);
+        assert_eq!(excess(&[None], 8), 0);
+    }
+
+    #[test]
+    fn the_table_says_how_in_flight_came_back_and_lists_floods() {
+        let row = |scenario: Fault, in_flight_after, flood| ScenarioResult {
+            scenario: scenario.label(),
+            total: 240,
+            failed: 0,
+            failed_beyond_running: 0,
+            fallbacks: BTreeMap::new(),
+            ttfb_p50_ms: 40.0,
+            ttfb_p99_ms: 90.0,
+            ttfb_max_ms: 10_200.0,
+            detect_ms: Some(700.0),
+            recover_ms: None,
+            fallbacks_after_1s: None,
+            in_flight_after,
+            flood,
+        };
+        let flood = FloodResult {
+            worker: 3,
+            blocks: 10,
+            reported_blocks: None,
+            index_blocks_max: 10,
+            over_capacity: 0,
+            state_rss_mib: [1.0; 3],
+            redis_rss_mib: [0.0; 3],
+            index_blocks_after_reset: 0,
+            secs: 1.0,
+        };
+        let t = table(&[
+            row(Fault::FreezeReplica(0), Some(BackToTruth { after_ms: Some(4.0), max_excess: 1 }), None),
+            row(Fault::FreezeWorker(1), Some(BackToTruth { after_ms: None, max_excess: 3 }), None),
+            row(Fault::FloodWorker(3), None, Some(flood)),
+        ]);
+        assert!(t.contains("| 40 / 90 / 10200 ms | 700 ms | - | 4 ms (+1) |"), "{t}");
+        assert!(t.contains("| not within 30 s (+3) |"), "{t}");
+        assert!(t.contains("| worker 3 floods its event stream |") && t.contains("| worker 3 | 10 in 1 s |"), "{t}");
+    }
 }

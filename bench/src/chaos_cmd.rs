@@ -32,6 +32,15 @@ pub struct ChaosArgs {
     /// How long the "dead for long" scenario keeps a state replica dead, seconds (0: skip it).
     #[arg(long, default_value_t = 60.0)]
     pub dead_secs: f64,
+    /// How long the frozen-worker scenario keeps a worker frozen, seconds (0: skip it).
+    #[arg(long, default_value_t = 15.0)]
+    pub worker_freeze_secs: f64,
+    /// Blocks the flooding worker announces (0: skip that scenario).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub flood_blocks: u64,
+    /// A replica's in-flight count within this of the truth counts as equal.
+    #[arg(long, default_value_t = 2)]
+    pub tolerance: u64,
     #[arg(long, default_value = "kvroute/sim-27b-fp8")]
     pub model: String,
     #[arg(long, default_value = "bench/results/chaos")]
@@ -51,6 +60,12 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
         scenarios.push(Fault::ReplicaDead(0));
     }
     scenarios.push(Fault::KillWorker(1));
+    if args.worker_freeze_secs > 0.0 {
+        scenarios.push(Fault::FreezeWorker(1));
+    }
+    if args.flood_blocks > 0 {
+        scenarios.push(Fault::FloodWorker(stack.config.workers - 1));
+    }
     if shards > 0 {
         scenarios.push(Fault::KillShard(0));
     }
@@ -64,6 +79,9 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
         fault_after: args.fault_after,
         fault_secs: args.fault_secs,
         dead_secs: args.dead_secs,
+        worker_freeze_secs: args.worker_freeze_secs,
+        flood_blocks: args.flood_blocks,
+        tolerance: args.tolerance,
         model: args.model.clone(),
     };
     let mut results = Vec::new();

@@ -14,7 +14,7 @@
 //! - whether memory is flat: each process's mean RSS over the fifth to tenth minute against
 //!   the last five.
 
-use crate::chaos::{one, prompt, Outcome};
+use crate::chaos::{back_to_truth, one, prompt, replica_in_flight, Outcome};
 use crate::stack::Stack;
 use crate::BenchError;
 use std::collections::BTreeMap;
@@ -102,6 +102,11 @@ pub struct FaultRow {
     pub fault: String,
     pub requests: usize,
     pub failed: usize,
+    /// Failures a fault may not cost: all of them, except, for a killed worker, the requests
+    /// that were already running on it when it died (nothing may be sent twice).
+    pub failed_beyond_running: usize,
+    /// Requests that fell back to plain balancing (`x-kvroute-fallback`) in the window.
+    pub fallbacks: usize,
     /// After the fault ended: every replica within `tolerance` of the truth, held 1 s.
     pub back_to_truth_ms: Option<f64>,
     /// The largest excess of a replica's in-flight count over the truth seen after the fault
@@ -116,18 +121,6 @@ pub struct SoakReport {
     pub failed: usize,
     pub faults: Vec<FaultRow>,
     pub samples: Vec<Sample>,
-}
-
-fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
-async fn in_flight(client: &reqwest::Client, replica: &str) -> Option<u64> {
-    let r = client.get(format!("{replica}/v1/workers")).timeout(Duration::from_millis(500)).send().await.ok()?;
-    let v: serde_json::Value = r.json().await.ok()?;
-    v["assignments"].as_u64()
 }
 
 /// Runs the soak on a started `stack`.
@@ -178,11 +171,11 @@ pub async fn run(stack: &mut Stack, cfg: &SoakConfig) -> Result<SoakReport, Benc
         let mut rss = BTreeMap::new();
         for r in 0..stack.config.replicas.max(1) {
             let name = Stack::replica_name(r);
-            if let Some(m) = stack.pid(&name).and_then(rss_mib) {
+            if let Some(m) = stack.rss_mib(&name) {
                 rss.insert(name, m);
             }
         }
-        if let Some(m) = stack.pid("envoy").and_then(rss_mib) {
+        if let Some(m) = stack.rss_mib("envoy") {
             rss.insert("envoy".into(), m);
         }
         Sample { t_s: start.elapsed().as_secs_f64(), rss_mib: rss, truth, in_flight }
@@ -211,34 +204,32 @@ pub async fn run(stack: &mut Stack, cfg: &SoakConfig) -> Result<SoakReport, Benc
                 stack.freeze(&name, false)?;
             }
             let back = Instant::now();
-            // Back to the truth: every replica's count (each sees the whole fleet's assignments)
-            // within tolerance of the requests running, for a second in a row.
-            let (mut since, mut back_ms, mut max_excess) = (None::<Instant>, None, 0i64);
-            while back.elapsed() < Duration::from_secs(30) {
-                let counts = replica_in_flight(&control, &replicas).await;
-                let t = truth.load(Ordering::SeqCst);
-                max_excess = max_excess.max(excess(&counts, t));
-                let equal = counts.iter().all(|c| c.is_some_and(|c| c.abs_diff(t as u64) <= cfg.tolerance));
-                match (equal, since) {
-                    (true, None) => since = Some(Instant::now()),
-                    (true, Some(s)) if s.elapsed() >= Duration::from_secs(1) => {
-                        back_ms = Some((s - back).as_secs_f64() * 1000.0);
-                        break;
-                    }
-                    (false, _) => since = None,
-                    _ => {}
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let b = back_to_truth(&control, &replicas, &truth, cfg.tolerance, back).await;
             tokio::time::sleep(Duration::from_secs(10).saturating_sub(back.elapsed())).await;
             let window_end = Instant::now();
-            let (requests, failed) = {
+            let row = {
                 let d = done.lock().unwrap_or_else(PoisonError::into_inner);
                 let during: Vec<&Outcome> = d.iter().filter(|o| o.ended >= t0 && o.started <= window_end).collect();
-                (during.len(), during.iter().filter(|o| !o.served).count())
+                let failed: Vec<&&Outcome> = during.iter().filter(|o| !o.served).collect();
+                FaultRow {
+                    at_s: (t0 - start).as_secs_f64(),
+                    fault: fault.label(),
+                    requests: during.len(),
+                    failed: failed.len(),
+                    failed_beyond_running: match fault {
+                        SoakFault::KillWorker(_) => failed.iter().filter(|o| o.started >= t0).count(),
+                        _ => failed.len(),
+                    },
+                    fallbacks: during.iter().filter(|o| !o.fallback.is_empty()).count(),
+                    back_to_truth_ms: b.after_ms,
+                    max_excess: b.max_excess,
+                }
             };
-            eprintln!("         {failed} of {requests} failed; back to the truth after {back_ms:?} ms (max excess {max_excess})");
-            rows.push(FaultRow { at_s: (t0 - start).as_secs_f64(), fault: fault.label(), requests, failed, back_to_truth_ms: back_ms, max_excess });
+            eprintln!(
+                "         {} of {} failed ({} beyond those running), {} fell back; back to the truth after {:?} ms (max excess {})",
+                row.failed, row.requests, row.failed_beyond_running, row.fallbacks, row.back_to_truth_ms, row.max_excess
+            );
+            rows.push(row);
             next_fault = t0 + cfg.fault_every;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -257,20 +248,6 @@ pub async fn run(stack: &mut Stack, cfg: &SoakConfig) -> Result<SoakReport, Benc
     })
 }
 
-/// The largest excess of a replica's in-flight count over the truth (phantom load); replicas
-/// that did not answer are left out.
-pub fn excess(counts: &[Option<u64>], truth: usize) -> i64 {
-    counts.iter().flatten().map(|&c| c as i64 - truth as i64).max().unwrap_or(0)
-}
-
-async fn replica_in_flight(client: &reqwest::Client, replicas: &[String]) -> Vec<Option<u64>> {
-    let mut out = Vec::with_capacity(replicas.len());
-    for r in replicas {
-        out.push(in_flight(client, r).await);
-    }
-    out
-}
-
 /// Mean RSS of `name` over samples in `[from_s, to_s)`.
 fn mean_rss(samples: &[Sample], name: &str, from_s: f64, to_s: f64) -> Option<f64> {
     let v: Vec<f64> = samples.iter().filter(|s| s.t_s >= from_s && s.t_s < to_s).filter_map(|s| s.rss_mib.get(name).copied()).collect();
@@ -280,10 +257,13 @@ fn mean_rss(samples: &[Sample], name: &str, from_s: f64, to_s: f64) -> Option<f6
 /// The report as markdown: faults, memory flatness, and the in-flight samples.
 pub fn markdown(r: &SoakReport) -> String {
     let mut t = format!("{:.1} minutes, {} requests, {} failed\n\n", r.minutes, r.total, r.failed);
-    t.push_str("| at | fault (held, then restored) | requests during it (+10 s) | failed | in flight back to the truth after | largest phantom excess |\n|---|---|---|---|---|---|\n");
+    t.push_str("| at | fault (held, then restored) | requests during it (+10 s) | failed | failed beyond those running on a killed worker | fell back | in flight back to the truth after | largest phantom excess |\n|---|---|---|---|---|---|---|---|\n");
     for f in &r.faults {
         let back = f.back_to_truth_ms.map_or("not within 30 s".to_string(), |ms| format!("{ms:.0} ms"));
-        t.push_str(&format!("| {:.0} s | {} | {} | {} | {back} | {} |\n", f.at_s, f.fault, f.requests, f.failed, f.max_excess));
+        t.push_str(&format!(
+            "| {:.0} s | {} | {} | {} | {} | {} | {back} | {} |\n",
+            f.at_s, f.fault, f.requests, f.failed, f.failed_beyond_running, f.fallbacks, f.max_excess
+        ));
     }
     let last = r.samples.last().map_or(0.0, |s| s.t_s);
     let names: std::collections::BTreeSet<&String> = r.samples.iter().flat_map(|s| s.rss_mib.keys()).collect();
@@ -319,21 +299,14 @@ mod tests {
     }
 
     #[test]
-    fn the_excess_is_the_worst_replica_that_answered() {
-        assert_eq!(excess(&[Some(8), Some(11)], 8), 3);
-        assert_eq!(excess(&[None, Some(6)], 8), -2);
-        assert_eq!(excess(&[None], 8), 0);
-    }
-
-    #[test]
     fn the_table_compares_early_and_late_memory_and_says_when_truth_never_came_back() {
         let samples = (0..=60).map(|m| sample(m as f64 * 60.0, if m < 30 { 100.0 } else { 110.0 }, vec![Some(1), Some(2)])).collect();
         let faults = vec![
-            FaultRow { at_s: 240.0, fault: SoakFault::FreezeReplica(1).label(), requests: 50, failed: 0, back_to_truth_ms: Some(420.0), max_excess: 1 },
-            FaultRow { at_s: 480.0, fault: SoakFault::KillShard(0).label(), requests: 40, failed: 2, back_to_truth_ms: None, max_excess: 9 },
+            FaultRow { at_s: 240.0, fault: SoakFault::FreezeReplica(1).label(), requests: 50, failed: 0, failed_beyond_running: 0, fallbacks: 3, back_to_truth_ms: Some(420.0), max_excess: 1 },
+            FaultRow { at_s: 480.0, fault: SoakFault::KillShard(0).label(), requests: 40, failed: 2, failed_beyond_running: 2, fallbacks: 0, back_to_truth_ms: None, max_excess: 9 },
         ];
         let md = markdown(&SoakReport { minutes: 60.0, total: 90, failed: 2, faults, samples });
-        assert!(md.contains("| state replica 1 frozen | 50 | 0 | 420 ms | 1 |"), "{md}");
+        assert!(md.contains("| state replica 1 frozen | 50 | 0 | 0 | 3 | 420 ms | 1 |"), "{md}");
         assert!(md.contains("not within 30 s"), "{md}");
         assert!(md.contains("| state | 100.0 | 110.0 | +10.0% |"), "{md}");
         let svg = rss_svg(&SoakReport { minutes: 60.0, total: 0, failed: 0, faults: vec![], samples: vec![sample(0.0, 50.0, vec![]), sample(60.0, 60.0, vec![])] });

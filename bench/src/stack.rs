@@ -205,6 +205,13 @@ impl Stack {
         self.children.iter().find(|c| c.name == name)?.pid()
     }
 
+    /// A running child's resident set, MiB.
+    pub fn rss_mib(&self, name: &str) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid(name)?)).ok()?;
+        let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
     /// SIGKILLs a child (`sim2`, `state1`, `redis0`, ...) and forgets it.
     pub fn kill(&mut self, name: &str) -> Result<(), BenchError> {
         self.child(name)?.kill_now();

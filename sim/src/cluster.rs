@@ -182,7 +182,7 @@ impl Cluster {
                 model: cfg.model.clone(),
             };
             let worker = DpWorker::new(workers);
-            let faults = Faults { drop_fraction: cfg.drop_fraction, stop_publishing: false, slowdown: 1.0, engine_dead: false };
+            let faults = Faults { drop_fraction: cfg.drop_fraction, slowdown: 1.0, ..Faults::default() };
             let state = AppState {
                 worker: worker.clone(),
                 tokenizer: tokenizer.clone(),

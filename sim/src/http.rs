@@ -40,6 +40,8 @@ pub struct Faults {
     /// The engine died (vLLM's `EngineDeadError`): every vLLM endpoint answers 5xx (`/health`
     /// and `/metrics` 503, generation 500) until cleared; `/sim/*` still works.
     pub engine_dead: bool,
+    /// Blocks announced by floods so far (`flood_blocks`); never held.
+    pub flooded_blocks: u64,
 }
 
 #[derive(Clone)]

@@ -16,9 +16,9 @@
 //! Output statistics (`vllm:prompt_tokens`, `vllm:generation_tokens`, latencies, successes)
 //! are counted as tokens are delivered to a listening request, where vLLM counts them.
 
-use crate::engine::{Engine, EngineConfig, EngineError, KvEvent, NewRequest, TokenOut};
+use crate::engine::{Engine, EngineConfig, EngineError, KvEvent, Medium, NewRequest, TokenOut};
 use crate::events::{encode_batch, EventEncoding, PubCommand, PublisherHandle};
-use crate::ids::{RequestId, WorkerId};
+use crate::ids::{EngineHash, RequestId, WorkerId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -238,6 +238,47 @@ impl Worker {
         drop(inner);
         self.publish(&events);
         ok
+    }
+
+    /// A misbehaving engine: its event stream announces `blocks` distinct one-block prefixes
+    /// it never holds, far past the capacity its `/metrics` reports, in batches of 1,000
+    /// paced so the publisher keeps up. The engine itself is untouched. `seed` tells one
+    /// flood's blocks from another's.
+    pub async fn flood(&self, blocks: u64, seed: u64) {
+        let Some(p) = self.publisher.clone() else { return };
+        let block_size = self.inner.lock().engine.config().block_size as u32;
+        let mix = |mut z: u64| {
+            // splitmix64: distinct blocks get distinct hashes and token contents.
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let mut sent = 0;
+        while sent < blocks {
+            let n = (blocks - sent).min(1000);
+            let events: Vec<KvEvent> = (sent..sent + n)
+                .map(|b| {
+                    let h = mix(seed ^ mix(b));
+                    KvEvent::BlockStored {
+                        block_hashes: vec![EngineHash(h)],
+                        parent_block_hash: None,
+                        token_ids: (0..u64::from(block_size)).map(|t| 1 + (mix(h ^ t) % 150_000) as u32).collect(),
+                        block_size,
+                        extra_keys: Some(vec![None]),
+                        medium: Medium::Gpu,
+                        kv_cache_spec_kind: None,
+                    }
+                })
+                .collect();
+            let ts = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+            p.send(PubCommand::Batch(encode_batch(ts, &events, self.dp_rank, self.encoding)));
+            sent += n;
+            if sent % 20_000 == 0 {
+                p.flush().await;
+            }
+        }
+        p.flush().await;
     }
 
     fn publish(&self, events: &[KvEvent]) {

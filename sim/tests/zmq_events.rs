@@ -63,3 +63,31 @@ async fn replay_into_fresh_subscriber_reproduces_cache_and_repairs_drops() {
     assert_eq!(after.blocks, engine_blocks(&st));
     assert_eq!(after.next_seq, st["publisher"]["next_seq"].as_u64().unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_engine_announces_blocks_it_never_holds() {
+    let cluster = start(1, 40).await;
+    let layout = cluster.layout[0].clone();
+    let (http, replay) = (layout.http.clone(), layout.kv_replay.unwrap());
+    let client = reqwest::Client::new();
+    let r = client.post(format!("{http}/sim/fault")).body(r#"{"flood_blocks": 2500}"#).send().await.unwrap();
+    assert!(r.status().is_success());
+    let r = client.post(format!("{http}/sim/fault")).body(r#"{"flood_blocks": 100000000}"#).send().await.unwrap();
+    assert_eq!(r.status(), 400, "a flood past the bound is refused");
+    // Sent in the background: three batches (1,000, 1,000, 500).
+    let mut st = state(&client, &http).await;
+    for _ in 0..100 {
+        if st["publisher"]["next_seq"].as_u64() == Some(3) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        st = state(&client, &http).await;
+    }
+    assert_eq!(st["publisher"]["next_seq"], 3, "{st}");
+    assert_eq!(st["faults"]["flooded_blocks"], 2500, "{st}");
+    assert!(engine_blocks(&st).is_empty(), "the engine holds none of them");
+    let mut mirror = Mirror::default();
+    let ctx = zmq::Context::new();
+    tokio::task::block_in_place(|| mirror.replay(&ctx, &replay));
+    assert_eq!(mirror.blocks.len(), 2500, "every announced block is distinct");
+}

@@ -92,17 +92,27 @@ impl App {
         }
         let discovery = Discovery::new(membership.clone(), fleet.clone(), config.worker_groups.clone(), &mut registry);
         let api_metrics = Arc::new(crate::api::ApiMetrics::register(&mut registry));
-        // Other replicas' changes: what is known already now, the rest as it comes.
+        // Other replicas' changes: what is known already now, the rest as it comes. A pick a
+        // cancel freed here was cancelled on a replica that did not hold it: its reservation
+        // is given back here, as for a pick discarded on arrival (every replica holding a
+        // copy does so; a settle is idempotent).
         let (tx, mut rx) = mpsc::unbounded_channel();
         replication.attach(tx);
+        let apply = {
+            let (membership, tenants) = (membership.clone(), tenants.clone());
+            move |event| {
+                if let Some(freed) = membership.apply_replicated(event) {
+                    tenants.release(&freed);
+                }
+            }
+        };
         while let Ok(event) = rx.try_recv() {
-            membership.apply_replicated(event);
+            apply(event);
         }
         if tokio::runtime::Handle::try_current().is_ok() {
-            let membership = membership.clone();
             tokio::spawn(async move {
                 while let Some(event) = rx.recv().await {
-                    membership.apply_replicated(event);
+                    apply(event);
                 }
             });
         }

@@ -257,7 +257,10 @@ impl Fleet {
     /// Applies a change another replica made (or a warm start found); nothing is shared
     /// again. Workers come and go through [`Fleet::register`] / [`Fleet::unregister`], which
     /// start and stop their feeds too: the caller routes those two.
-    pub fn apply_replicated(&self, event: &FleetEvent, now: Instant) {
+    ///
+    /// Returns the assignment a cancel freed here: the replica that heard the cancel did not
+    /// hold the pick, so nothing has settled its budget reservation yet (the caller does).
+    pub fn apply_replicated(&self, event: &FleetEvent, now: Instant) -> Option<Assignment> {
         match event {
             FleetEvent::Assigned { assignment, credit } => {
                 self.insert(assignment, credit, now);
@@ -268,9 +271,7 @@ impl Fleet {
             FleetEvent::Completed { id, .. } => {
                 self.free(*id, End::Completed, now);
             }
-            FleetEvent::Cancelled { id } => {
-                self.free(*id, End::Cancelled, now);
-            }
+            FleetEvent::Cancelled { id } => return self.free(*id, End::Cancelled, now),
             FleetEvent::CalibrationRestored { worker, calibration } => {
                 if let Some(w) = self.worker(worker.as_str()) {
                     *w.calibration.lock() = *calibration;
@@ -286,6 +287,7 @@ impl Fleet {
                 tracing::warn!("a worker change reached the fleet without its feeds: ignored");
             }
         }
+        None
     }
 
     /// Marks a worker's health cell; `mark` says whether it changed anything.

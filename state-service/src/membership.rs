@@ -7,6 +7,7 @@
 //! registrations and removals arrive with the other replicated changes
 //! ([`Membership::apply_replicated`]).
 
+use crate::assign::Assignment;
 use crate::config::WorkerConfig;
 use crate::feeds::Feeds;
 use crate::fleet::{AddWorkerError, Fleet, FleetEvent, RegistryError, WorkerEntry};
@@ -148,8 +149,9 @@ impl Membership {
     }
 
     /// Applies a change another replica made (or a warm start found). Workers it adds get
-    /// their feeds; a worker this replica refuses is handed back to the store.
-    pub fn apply_replicated(&self, event: FleetEvent) {
+    /// their feeds; a worker this replica refuses is handed back to the store. Returns the
+    /// assignment a cancel freed (see [`Fleet::apply_replicated`]).
+    pub fn apply_replicated(&self, event: FleetEvent) -> Option<Assignment> {
         match event {
             FleetEvent::WorkerAdded(config) => {
                 let id = config.id.clone();
@@ -168,7 +170,8 @@ impl Membership {
                     tracing::info!(worker = %id, "worker removed by another replica");
                 }
             }
-            other => self.fleet.apply_replicated(&other, Instant::now()),
+            other => return self.fleet.apply_replicated(&other, Instant::now()),
         }
+        None
     }
 }

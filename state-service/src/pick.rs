@@ -273,9 +273,7 @@ impl Picker {
     /// reservation is given back).
     fn abandon(&self, id: AssignmentId) {
         if let Some(a) = self.fleet.finish(id, End::Cancelled, tokio::time::Instant::now()) {
-            if let Some(scope) = a.budget {
-                self.tenants.settle(scope, id.0, 0, a.reserved);
-            }
+            self.tenants.release(&a);
         }
         self.metrics.picks_abandoned.inc();
     }

@@ -389,6 +389,14 @@ impl Tenants {
         self.settle(scope, id, tokens, reserved);
     }
 
+    /// A pick that was never served (discarded on arrival, or freed by a cancel before it
+    /// was forwarded): its reservation, if it made one, is given back.
+    pub fn release(&self, a: &crate::assign::Assignment) {
+        if let Some(scope) = a.budget.clone() {
+            self.settle(scope, a.id.0, 0, a.reserved);
+        }
+    }
+
     /// Settles reservation `id` of `scope` (it charged `reserved`) at `tokens`, on every
     /// ledger that may hold it.
     pub fn settle(&self, scope: Scope, id: u64, tokens: u64, reserved: u64) {

@@ -100,11 +100,17 @@ struct FaultBody {
     slowdown: Option<f64>,
     /// Every vLLM endpoint answers 5xx (see `Faults::engine_dead`).
     engine_dead: Option<bool>,
+    /// A flooding engine: its event stream announces this many distinct blocks it never
+    /// holds (see [`Worker::flood`]); sent in the background.
+    flood_blocks: Option<u64>,
     #[serde(default)]
     restart: bool,
     /// Only this rank; without it every rank of the worker.
     rank: Option<u32>,
 }
+
+/// The most blocks one flood may announce (one block's event is ~100 bytes on the wire).
+const MAX_FLOOD_BLOCKS: u64 = 50_000_000;
 
 pub async fn fault(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let req: FaultBody = parse_json(&body)?;
@@ -113,6 +119,9 @@ pub async fn fault(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>
     }
     if let Some(f) = req.slowdown.filter(|f| !(f.is_finite() && *f > 0.0)) {
         return Err(ApiError::BadRequest(format!("slowdown must be a positive number, got {f}")));
+    }
+    if let Some(n) = req.flood_blocks.filter(|n| *n > MAX_FLOOD_BLOCKS) {
+        return Err(ApiError::BadRequest(format!("flood_blocks must be at most {MAX_FLOOD_BLOCKS}, got {n}")));
     }
     let targets: Vec<&Worker> = match req.rank {
         Some(r) => vec![s.worker.rank(r).map_err(|e| ApiError::BadRequest(e.to_string()))?],
@@ -151,6 +160,12 @@ fn apply(w: &Worker, faults: &mut Faults, req: &FaultBody) {
     }
     if let Some(dead) = req.engine_dead {
         faults.engine_dead = dead;
+    }
+    if let Some(n) = req.flood_blocks.filter(|n| *n > 0) {
+        let seed = faults.flooded_blocks;
+        faults.flooded_blocks += n;
+        let w = w.clone();
+        tokio::spawn(async move { w.flood(n, seed).await });
     }
     if req.restart {
         w.restart();

@@ -70,3 +70,36 @@ fn a_cancel_a_replica_could_not_hear_is_found_when_it_resyncs() {
     assert!(servers[0].inline("CLIENT KILL TYPE pubsub").is_some_and(|r| r.starts_with(':')));
     wait_until("the missed cancel to free the pick everywhere", || [&replicas[0], &replicas[1], &late].iter().all(|r| count(r) == 0));
 }
+
+#[test]
+fn a_pick_freed_by_a_cancel_heard_elsewhere_gives_its_budget_back() {
+    use kvroute_state::tenancy::window::contract::scope;
+    use kvroute_state::tenancy::{Budget, Ledger};
+    let servers = shards(1);
+    let replicas: Vec<Replica> = (0..2)
+        .map(|i| {
+            let mut c = redis_config(&servers, &format!("r{i}"), i);
+            plain_workers(&mut c, 2);
+            c.tenancy.budgets.insert("team".into(), Budget { tokens_per_minute: Some(1_000_000), ..Budget::default() });
+            Replica::start(c)
+        })
+        .collect();
+    let rt = client_rt();
+    let count = |r: &Replica| r.state.fleet.assignments().len();
+    let used = || rt.block_on(replicas[0].store.ledger.usage(scope("team"), 60_000)).expect("usage").tokens;
+
+    let mut body = pick(0xFEED);
+    body["tenant"] = json!("team");
+    body["max_tokens"] = json!(100);
+    assert_eq!(post_json(&rt, &replicas[0].url("/v1/pick"), body).0, 200);
+    wait_until("every replica to hold the pick", || replicas.iter().all(|r| count(r) == 1));
+    assert!(used() > 0, "the pick reserved its tokens");
+
+    // The proxy gave up on the pick and its cancel reached a replica that did not hold it
+    // (here: a tombstone the replicas read when they resync): nobody forwarded the request,
+    // so its reservation is given back, as a pick discarded on arrival gives it back.
+    assert!(servers[0].inline("SET t:cxl:65261 65261 PX 60000").is_some_and(|r| r.starts_with("+OK")));
+    assert!(servers[0].inline("CLIENT KILL TYPE pubsub").is_some_and(|r| r.starts_with(':')));
+    wait_until("the pick freed everywhere", || replicas.iter().all(|r| count(r) == 0));
+    wait_until("the reservation given back", || used() == 0);
+}
