@@ -405,6 +405,9 @@ pub async fn run(stack: &mut Stack, fault: Fault, cfg: &ChaosConfig) -> Result<S
             recover_ms = fell.iter().map(|o| o.ended.saturating_duration_since(back).as_secs_f64() * 1000.0).reduce(f64::max);
         }
     }
+    if let Some(f) = flood.as_mut() {
+        flood::reset(f, stack, &control, &replicas).await?;
+    }
     let failed = outcomes.iter().filter(|o| !o.served).count();
     let failed_beyond_running = match fault {
         Fault::KillWorker(_) => outcomes.iter().filter(|o| !o.served && o.started >= t0).count(),

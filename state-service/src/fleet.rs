@@ -221,7 +221,8 @@ impl Fleet {
 
     /// Frees assignment `id` (completed or cancelled); shared when it was live. A cancel may
     /// overtake its pick (the proxy gave up on a slow answer): it is remembered, so the pick
-    /// is discarded when it is recorded.
+    /// is discarded when it is recorded. The end of an id not held here is shared too: the
+    /// replica that recorded it may be the only one that still holds it.
     pub fn finish(&self, id: AssignmentId, end: End, now: Instant) -> Option<Assignment> {
         let freed = self.free(id, end, now);
         match (&freed, end) {
@@ -230,7 +231,7 @@ impl Fleet {
             // gave up on it (it was slow, or frozen). Every replica hears of the cancel, so
             // whichever holds the pick, now or later, lets it go.
             (None, End::Cancelled) => self.replication.publish(Change::CancelledUnknown { id }),
-            (None, End::Completed) => {}
+            (None, End::Completed) => self.replication.publish(Change::CompletedUnknown { id }),
         }
         freed
     }

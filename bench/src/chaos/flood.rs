@@ -2,7 +2,8 @@
 //! `/metrics` reports (`POST /sim/fault {"flood_blocks": n}`: distinct one-block prefixes it
 //! never holds). Its index must stay within that capacity (times the state service's
 //! `resilience.index_capacity_factor`), the overflow counted, and the memory of the state
-//! replicas and Redis must come back once the worker resets its cache.
+//! replicas and Redis must come back once the worker resets its cache (`/reset_prefix_cache`,
+//! once the load is over: vLLM refuses it while requests hold blocks).
 
 use crate::stack::Stack;
 use crate::BenchError;
@@ -24,7 +25,8 @@ pub struct FloodResult {
     /// Summed over the Redis shards (none: the in-memory store), MiB.
     pub redis_rss_mib: [f64; 3],
     pub index_blocks_after_reset: u64,
-    /// Seconds from the first announced block to the index settling.
+    /// Seconds from the flood's start until the replicas had dropped all they would (the
+    /// over-capacity count stopped growing).
     pub secs: f64,
 }
 
@@ -71,8 +73,8 @@ fn rss(stack: &Stack) -> (f64, f64) {
     (sum((0..stack.config.replicas.max(1)).map(Stack::replica_name).collect()), sum((0..stack.config.redis_shards).map(|k| format!("redis{k}")).collect()))
 }
 
-/// Floods worker `i` with `blocks` blocks, waits until its index settles (the same size for
-/// 2 s), then resets its cache and measures again.
+/// Floods worker `i` with `blocks` blocks and waits until the replicas have taken them all
+/// (the over-capacity count the same for 2 s); [`reset`] measures what is left after.
 pub async fn run(stack: &Stack, control: &reqwest::Client, replicas: &[String], i: usize, blocks: u64) -> Result<FloodResult, BenchError> {
     let sim = stack.worker_urls().get(i).cloned().ok_or_else(|| BenchError::Stack(format!("no worker {i}")))?;
     let reported = text(control, &format!("{sim}/metrics")).await.as_deref().and_then(reported_blocks);
@@ -89,47 +91,54 @@ pub async fn run(stack: &Stack, control: &reqwest::Client, replicas: &[String], 
         return Err(BenchError::Stack(format!("flood answered {}", r.status())));
     }
     let start = Instant::now();
-    let (mut last, mut same_since) = (u64::MAX, Instant::now());
-    let mut settled = start;
+    let (mut over, mut changed) = (over_before, start);
     while start.elapsed() < Duration::from_secs(300) {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = index_blocks(control, replicas, i).await;
+        let held = index_blocks(control, replicas, i).await;
         let (s, r) = rss(stack);
-        (state_peak, redis_peak, most) = (state_peak.max(s), redis_peak.max(r), most.max(now));
-        if now != last {
-            (last, same_since) = (now, Instant::now());
-        } else if same_since.elapsed() >= Duration::from_secs(2) && over_capacity(control, replicas).await > over_before {
-            settled = same_since;
+        (state_peak, redis_peak, most) = (state_peak.max(s), redis_peak.max(r), most.max(held));
+        let now = over_capacity(control, replicas).await;
+        if now != over {
+            (over, changed) = (now, Instant::now());
+        } else if over > over_before && changed.elapsed() >= Duration::from_secs(2) {
             break;
         }
     }
-    let secs = settled.duration_since(start).as_secs_f64();
-    let over = over_capacity(control, replicas).await.saturating_sub(over_before);
-    let r = control.post(format!("{sim}/reset_prefix_cache")).send().await.map_err(|e| BenchError::Stack(format!("reset: {e}")))?;
-    if !r.status().is_success() {
-        return Err(BenchError::Stack(format!("reset answered {}", r.status())));
-    }
-    // Memory given back to the allocator shows after a while; the index at once.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = index_blocks(control, replicas, i).await;
-    let (state1, redis1) = rss(stack);
+    let secs = changed.duration_since(start).as_secs_f64();
     Ok(FloodResult {
         worker: i,
         blocks,
         reported_blocks: reported,
         index_blocks_max: most,
-        over_capacity: over,
-        state_rss_mib: [state0, state_peak, state1],
-        redis_rss_mib: [redis0, redis_peak, redis1],
-        index_blocks_after_reset: after,
+        over_capacity: over.saturating_sub(over_before),
+        state_rss_mib: [state0, state_peak, f64::NAN],
+        redis_rss_mib: [redis0, redis_peak, f64::NAN],
+        index_blocks_after_reset: most,
         secs,
     })
+}
+
+/// Once the load is over (the worker idle): resets the flooding worker's cache and measures
+/// its index and the memory again.
+pub async fn reset(f: &mut FloodResult, stack: &Stack, control: &reqwest::Client, replicas: &[String]) -> Result<(), BenchError> {
+    let sim = stack.worker_urls().get(f.worker).cloned().ok_or_else(|| BenchError::Stack(format!("no worker {}", f.worker)))?;
+    let r = control.post(format!("{sim}/reset_prefix_cache")).send().await.map_err(|e| BenchError::Stack(format!("reset: {e}")))?;
+    if !r.status().is_success() {
+        return Err(BenchError::Stack(format!("reset answered {}", r.status())));
+    }
+    // The index empties on the worker's `AllBlocksCleared`; memory given back to the
+    // allocator shows after a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    f.index_blocks_after_reset = index_blocks(control, replicas, f.worker).await;
+    let (state, redis) = rss(stack);
+    (f.state_rss_mib[2], f.redis_rss_mib[2]) = (state, redis);
+    Ok(())
 }
 
 /// The floods as a markdown table.
 pub fn table(floods: &[&FloodResult]) -> String {
     let mut t = String::from(
-        "| flooding worker | blocks announced | capacity it reports | index held at most | dropped as over capacity | state replicas RSS before / peak / after its reset | Redis RSS before / peak / after | index after its reset |\n|---|---|---|---|---|---|---|---|\n",
+        "| flooding worker | blocks announced (taken in) | capacity it reports | index held at most | dropped as over capacity (all replicas) | state replicas RSS before / peak / after its reset | Redis RSS before / peak / after | index after its reset |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mib = |v: [f64; 3]| format!("{:.0} / {:.0} / {:.0} MiB", v[0], v[1], v[2]);
     for f in floods {

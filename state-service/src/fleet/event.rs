@@ -50,6 +50,9 @@ pub enum Change<'a> {
     /// The proxy cancelled an id this replica never recorded: the replica that answered the
     /// pick (late, or frozen meanwhile) must discard or free it when it hears this.
     CancelledUnknown { id: AssignmentId },
+    /// The proxy reported the end of an id this replica does not hold (it never heard of
+    /// the pick, or let it go): the replica that recorded the pick must free it.
+    CompletedUnknown { id: AssignmentId },
     Suspected { worker: &'a WorkerId, reason: UpstreamFailure },
     Draining { worker: &'a WorkerId },
 }

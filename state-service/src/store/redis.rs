@@ -34,7 +34,7 @@ pub use stats::StoreStats;
 
 use super::{Inbound, RedisConfig, Replication, ResponseDirectory, ResponseFuture, ShareError, Store, StoreFuture, WarmStart, WorkerSharing};
 use crate::config::{Config, WorkerConfig};
-use crate::fleet::{Change, FleetEvent, WorkerEntry};
+use crate::fleet::{Change, End, FleetEvent, WorkerEntry};
 use crate::stored::Owner;
 use crate::ingest::IngestStats;
 use kvroute_score::Calibration;
@@ -72,6 +72,9 @@ struct Found {
     workers: Vec<WorkerConfig>,
 }
 
+/// Frees a shard missed: assignment id -> how it ended, and when.
+type HeldFrees = HashMap<u64, (End, tokio::time::Instant)>;
+
 pub struct RedisStore {
     pub config: RedisConfig,
     pub replica: String,
@@ -94,6 +97,9 @@ pub struct RedisStore {
     /// Other replicas' assignments adopted here, and when: a resync frees those its shard no
     /// longer holds (their `freed` event was lost while the shard was away).
     adopted: Mutex<HashMap<u64, tokio::time::Instant>>,
+    /// Frees that could not be written (their shard was away), per shard: sent again, as
+    /// tombstones, once it is back, so the replica holding the pick hears of them.
+    held_frees: Mutex<HashMap<ShardId, HeldFrees>>,
     salt: u64,
 }
 
@@ -134,6 +140,7 @@ impl RedisStore {
             shared: Mutex::new(HashSet::new()),
             config_workers: config.workers.iter().map(|w| w.id.clone()).collect(),
             adopted: Mutex::new(HashMap::new()),
+            held_frees: Mutex::new(HashMap::new()),
             config: rc,
         });
         store.load_warm_start(config).await;
@@ -212,8 +219,13 @@ impl RedisStore {
     /// A cancel of an assignment no replica had recorded when it came: kept for the
     /// first-token TTL on the shard of the assignment's record, so a replica that could not
     /// hear the cancel (frozen, or its subscription lost) finds it in its resync.
-    fn cancel_key(&self, id: u64) -> String {
-        format!("{}:cxl:{id}", self.config.key_prefix)
+    /// Where the end of assignment `id` (`*`: every one) is kept for resyncs.
+    fn tombstone_key(&self, id: impl std::fmt::Display, end: End) -> String {
+        let kind = match end {
+            End::Cancelled => "cxl",
+            End::Completed => "fin",
+        };
+        format!("{}:{kind}:{id}", self.config.key_prefix)
     }
 
     fn worker_key(&self, id: &str) -> String {
@@ -307,8 +319,39 @@ impl RedisStore {
     fn send(&self, op: Op) {
         let key = self.op_key(&op);
         let shard = self.shards.owner(&key);
+        let free = op.free();
         if !self.shards.is_up(shard) || self.queues[shard.0].try_send((key, op)).is_err() {
             self.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
+            self.hold_frees(shard, free.as_slice());
+        }
+    }
+
+    /// Keeps `frees` that `shard` did not take, to send when it is back (see
+    /// [`RedisStore::send_held_frees`]).
+    fn hold_frees(&self, shard: ShardId, frees: &[(u64, End)]) {
+        if frees.is_empty() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let mut held = self.held_frees.lock();
+        let on = held.entry(shard).or_default();
+        on.extend(frees.iter().map(|&(id, end)| (id, (end, now))));
+    }
+
+    /// Sends the frees `shard` missed while it was away, each with a tombstone: a replica
+    /// that holds the pick hears it now or finds it when it resyncs. Those older than the
+    /// assignment TTL are dropped (every replica let the pick go by then). Called when the
+    /// shard is back (probe) and after each resync of it.
+    pub(crate) fn send_held_frees(&self, shard: ShardId) {
+        if !self.shards.is_up(shard) {
+            return;
+        }
+        let frees = self.held_frees.lock().remove(&shard).unwrap_or_default();
+        for (id, (end, at)) in frees {
+            if at.elapsed() < self.assignment_ttl {
+                self.stats.frees_resent.fetch_add(1, Ordering::Relaxed);
+                self.send(Op::Tombstone { id, end });
+            }
         }
     }
 
@@ -345,7 +388,7 @@ impl RedisStore {
     fn op_key(&self, op: &Op) -> String {
         match op {
             Op::Put { record, .. } => self.assignment_key(record.id),
-            Op::Delete { id, .. } | Op::Cancel { id } => self.assignment_key(*id),
+            Op::Delete { id, .. } | Op::Tombstone { id, .. } => self.assignment_key(*id),
             Op::Set { key, .. } | Op::Publish { key, .. } => key.clone(),
         }
     }
@@ -387,10 +430,15 @@ impl RedisStore {
                 pipe.del(&key).ignore();
                 self.publish(pipe, event);
             }
-            Op::Cancel { id } => {
+            Op::Tombstone { id, end } => {
+                // A cancel matters until the pick's first-token TTL, an end for its whole life.
+                let (ttl, event) = match end {
+                    End::Cancelled => (self.first_token_ttl, Event::Cancelled { id }),
+                    End::Completed => (self.assignment_ttl, Event::Freed { id }),
+                };
                 pipe.del(&key).ignore();
-                pipe.pset_ex(self.cancel_key(id), id, self.first_token_ttl.as_millis() as u64).ignore();
-                self.publish(pipe, Event::Cancelled { id });
+                pipe.pset_ex(self.tombstone_key(id, end), id, ttl.as_millis() as u64).ignore();
+                self.publish(pipe, event);
             }
             Op::Set { value, px: None, .. } => {
                 pipe.set(&key, value).ignore();
@@ -411,6 +459,7 @@ impl RedisStore {
             if self.shards.probe(shard).await {
                 self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(shard = %self.shards.node(shard).url, "redis shard back");
+                self.send_held_frees(shard);
             }
             tokio::time::sleep(every).await;
         }
@@ -487,8 +536,17 @@ impl Replication for Handle {
                     me.send(Op::Set { key: me.calibration_key(a.worker.as_str()), value: json, px: None });
                 }
             }
-            Change::Freed { id } => me.send(Op::Delete { id: id.0, event: Event::Freed { id: id.0 } }),
-            Change::CancelledUnknown { id } => me.send(Op::Cancel { id: id.0 }),
+            Change::Freed { id } => {
+                // Another replica's pick: that replica holds it, so it must hear of the end
+                // even if it is not listening now (frozen, resubscribing).
+                let op = match me.adopted.lock().remove(&id.0) {
+                    Some(_) => Op::Tombstone { id: id.0, end: End::Completed },
+                    None => Op::Delete { id: id.0, event: Event::Freed { id: id.0 } },
+                };
+                me.send(op);
+            }
+            Change::CancelledUnknown { id } => me.send(Op::Tombstone { id: id.0, end: End::Cancelled }),
+            Change::CompletedUnknown { id } => me.send(Op::Tombstone { id: id.0, end: End::Completed }),
             Change::Suspected { worker, reason } => {
                 let event = Event::WorkerSuspect { id: worker.to_string(), reason: reason as i32 };
                 me.send(Op::Publish { key: me.worker_key(worker.as_str()), event });

@@ -12,10 +12,16 @@
 //! In: one subscriber task per shard turns other replicas' events into [`FleetEvent`]s and
 //! sends them to the service (`Inbound`), which applies them to its fleet exactly like its
 //! own. On every (re)subscription it first loads the shard's runtime-registered workers, its
-//! cancel tombstones and live assignment records (SCAN), so a starting replica, or one that
+//! tombstones and live assignment records (SCAN), so a starting replica, or one that
 //! missed messages while a shard was away or it was frozen, catches up; applying a known
-//! assignment or cancel again changes nothing. Records
+//! assignment or end again changes nothing. Records
 //! and events older than their TTL are not adopted (counted as stale).
+//!
+//! Tombstones (`{prefix}:cxl:{id}`, `{prefix}:fin:{id}`) carry an end that the replica holding
+//! the pick must hear even if it is not listening at that moment: a cancel or completion of
+//! an id the reporting replica does not hold, a free of another replica's pick, and a free
+//! that was dropped because its shard was away (held and written again when it is back).
+//! A resync frees what they name, own picks included, before it adopts records.
 //!
 //! Liveness: every replica publishes a heartbeat on every shard's channel each
 //! `heartbeat_ms`. A subscription that receives nothing, not even its own heartbeat, for
@@ -26,7 +32,7 @@ use super::shards::ShardId;
 use super::wire::{Event, Message, Record};
 use super::{RedisStore, StoreStats};
 use crate::assign::AssignmentId;
-use crate::fleet::{FleetEvent, Usage};
+use crate::fleet::{End, FleetEvent, Usage};
 use crate::store::Inbound;
 use kvroute_kv::types::WorkerId;
 use kvroute_core::wire::UpstreamFailure;
@@ -45,9 +51,11 @@ pub enum Op {
     Put { record: Box<Record>, expires: Instant, event: Option<Event> },
     /// Delete the record and publish `event`.
     Delete { id: u64, event: Event },
-    /// A cancel of an id not recorded here: delete its record, keep a tombstone for the
-    /// first-token TTL (read by resyncs) and publish the cancel.
-    Cancel { id: u64 },
+    /// An end the replica that recorded the pick must hear even if it is not listening now:
+    /// delete the record, keep a tombstone (read by every resync) and publish the end. For
+    /// a cancel of an id not recorded here, the end of an id not held here, a free of
+    /// another replica's pick, and a free whose shard was away when it happened.
+    Tombstone { id: u64, end: End },
     /// A plain key/value (calibration snapshots), with a TTL in ms when `px` is set
     /// (response owners).
     Set { key: String, value: String, px: Option<u64> },
@@ -63,8 +71,11 @@ pub async fn writer(store: Arc<RedisStore>, shard: ShardId, mut rx: mpsc::Receiv
     let mut buf = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut buf, BATCH).await > 0 {
         let n = buf.len() as u64;
+        // The frees in this batch, held to be sent again if it is lost with its shard.
+        let frees: Vec<(u64, End)> = buf.iter().filter_map(|(_, op)| op.free()).collect();
         if !store.shards.is_up(shard) {
             store.stats.writes_dropped.fetch_add(n, Ordering::Relaxed);
+            store.hold_frees(shard, &frees);
             buf.clear();
             continue;
         }
@@ -77,9 +88,21 @@ pub async fn writer(store: Arc<RedisStore>, shard: ShardId, mut rx: mpsc::Receiv
             Ok(()) => store.stats.writes.fetch_add(n, Ordering::Relaxed),
             Err(e) => {
                 tracing::debug!(error = %e, shard = %store.shards.node(shard).url, "replicated writes dropped");
+                store.hold_frees(shard, &frees);
                 store.stats.writes_dropped.fetch_add(n, Ordering::Relaxed)
             }
         };
+    }
+}
+
+impl Op {
+    /// The assignment this op frees, and how it ended.
+    pub fn free(&self) -> Option<(u64, End)> {
+        match self {
+            Op::Delete { id, .. } => Some((*id, End::Completed)),
+            Op::Tombstone { id, end } => Some((*id, *end)),
+            _ => None,
+        }
     }
 }
 
@@ -120,6 +143,7 @@ async fn subscribe_once(store: &RedisStore, inbound: &Inbound, shard: ShardId) -
     let loaded = resync(store, inbound, shard).await?;
     store.stats.resyncs.fetch_add(1, Ordering::Relaxed);
     store.shards.set_subscribed(shard, true);
+    store.send_held_frees(shard);
     tracing::debug!(shard = %store.shards.node(shard).url, loaded, "subscribed to replica events");
     let heartbeat = Duration::from_millis(store.config.heartbeat_ms.max(1));
     let silence = heartbeat.saturating_mul(3);
@@ -172,17 +196,24 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
     for worker in workers {
         store.adopt_worker(inbound, worker);
     }
-    // Cancels first: a pick recorded by a replica after its proxy gave up (its record may
-    // still be on the shard) is discarded, not adopted, and our own such picks are freed.
+    // Ends first (tombstones): a pick recorded by a replica after its proxy gave up (its
+    // record may still be on the shard) is discarded, not adopted, and our own picks whose
+    // end we did not hear are freed.
     let mut cancelled = std::collections::HashSet::new();
-    for value in store.scan_values(shard, &format!("{}:cxl:*", store.config.key_prefix)).await? {
-        match std::str::from_utf8(&value).ok().and_then(|v| v.parse::<u64>().ok()) {
-            Some(id) => {
-                cancelled.insert(id);
-                let _ = inbound.send(FleetEvent::Cancelled { id: AssignmentId(id) });
-            }
-            None => {
-                store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+    for end in [End::Cancelled, End::Completed] {
+        for value in store.scan_values(shard, &store.tombstone_key("*", end)).await? {
+            match std::str::from_utf8(&value).ok().and_then(|v| v.parse::<u64>().ok()) {
+                Some(id) => {
+                    cancelled.insert(id);
+                    let id = AssignmentId(id);
+                    let _ = inbound.send(match end {
+                        End::Cancelled => FleetEvent::Cancelled { id },
+                        End::Completed => FleetEvent::Completed { id, usage: Usage::default() },
+                    });
+                }
+                None => {
+                    store.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }

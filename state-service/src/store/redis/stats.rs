@@ -35,6 +35,8 @@ pub struct StoreStats {
     /// Adopted assignments a resync freed: their shard no longer held them (the `freed` event
     /// was lost while it was away, or it restarted empty).
     pub reconciled: AtomicU64,
+    /// Frees written again, as tombstones, once the shard they missed was back.
+    pub frees_resent: AtomicU64,
 }
 
 pub(super) struct StoreCollector {
@@ -71,6 +73,7 @@ impl Collector for StoreCollector {
         counter(&mut enc, "store_shard_recoveries", "Shards that came back after being down", &s.recoveries)?;
         counter(&mut enc, "store_subscription_timeouts", "Subscriptions silent for 3 heartbeats, taken as dead and renewed", &s.subscription_timeouts)?;
         counter(&mut enc, "store_reconciled", "Adopted assignments freed by a resync: their shard no longer held them", &s.reconciled)?;
+        counter(&mut enc, "store_frees_resent", "Frees written again (with a tombstone) once the shard they missed was back", &s.frees_resent)?;
         counter(&mut enc, "store_stale_records", "Assignment records or events not adopted: older than their TTL", &s.stale_records)?;
         let mut up = enc.encode_descriptor("store_shard_up", "1 while the shard answers", None, MetricType::Gauge)?;
         for id in store.shards.ids() {
