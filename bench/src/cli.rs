@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use kvroute_bench::bounds::{self, capacity::SimFlags, Capacity};
 use kvroute_bench::compare::{CompareSpec, DEFAULT_POLICIES, POLICIES};
+use kvroute_bench::peer_router::SGLANG_ROUTER;
 use kvroute_bench::runner::{Arrival, RunSpec};
 use kvroute_bench::stats::Slo;
 use kvroute_bench::workload::{
@@ -128,6 +129,13 @@ pub struct CompareArgs {
     /// Policies to compare, in order.
     #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_POLICIES.map(String::from))]
     pub policies: Vec<String>,
+    /// The real SGLang router for the `sglang_router` row (default: `$SGLANG_ROUTER`, then
+    /// `.cache/venv/bin/sglang-router`, then `PATH`; `pip install sglang-router`).
+    #[arg(long)]
+    pub sglang_router: Option<std::path::PathBuf>,
+    /// The real router's `--policy`.
+    #[arg(long, default_value = "cache_aware")]
+    pub sglang_router_policy: String,
     /// Offered rate(s) in requests/s (sessions/s for multi-turn), in simulated time (the
     /// real rate is this divided by --time-scale); several = a sweep.
     #[arg(long, value_delimiter = ',', default_values_t = [1.0])]
@@ -168,8 +176,8 @@ impl CompareArgs {
     /// `time_scale`: the workers' (see [`RunSpec::time_scale`]).
     pub fn spec(&self, base_url: &str, model: &str, seed: u64, time_scale: f64) -> Result<CompareSpec> {
         for p in &self.policies {
-            if !POLICIES.contains(&p.as_str()) {
-                bail!("unknown policy {p}; known: {}", POLICIES.join(", "));
+            if !POLICIES.contains(&p.as_str()) && p != SGLANG_ROUTER {
+                bail!("unknown policy {p}; known: {}, and {SGLANG_ROUTER} (the real SGLang router)", POLICIES.join(", "));
             }
         }
         if self.rate.iter().any(|r| !(*r > 0.0)) {
@@ -199,6 +207,7 @@ impl CompareArgs {
             drain_limit: Duration::from_secs_f64(self.request_timeout_s.min(120.0)),
             time_scale,
             progress: !self.no_progress,
+            peer: None,
         })
     }
 }

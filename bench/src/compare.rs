@@ -5,6 +5,7 @@
 
 use crate::bounds::ReuseBounds;
 use crate::control::Control;
+use crate::peer_router::{PeerRouter, SGLANG_ROUTER};
 use crate::report::{CacheDelta, PassResult, Reuse, RunReport};
 use crate::runner::{self, Arrival, RunSpec};
 use crate::stats::{Slo, Summary};
@@ -37,6 +38,8 @@ pub struct CompareSpec {
     pub progress: bool,
     /// Copied from `run.time_scale` into the report.
     pub time_scale: f64,
+    /// The real SGLang router, for the `sglang_router` row (see [`crate::peer_router`]).
+    pub peer: Option<PeerRouter>,
 }
 
 fn bar(len: usize, label: String, show: bool) -> ProgressBar {
@@ -61,13 +64,25 @@ pub async fn run_pass(
 ) -> Result<PassResult, BenchError> {
     control.reset_workers().await?;
     control.reset_state().await?;
-    control.set_policy(policy).await?;
+    let mut run = spec.run.clone();
+    // The real SGLang router takes the requests instead of Envoy (a fresh one per pass); the
+    // state service stays out of their path.
+    let _router = if policy == SGLANG_ROUTER {
+        let peer = spec.peer.as_ref().ok_or_else(|| {
+            BenchError::Stack("the sglang_router row needs the sglang-router binary (pip install sglang-router; --sglang-router PATH)".into())
+        })?;
+        let child = peer.start().await?;
+        run.base_url = peer.url();
+        Some(child)
+    } else {
+        control.set_policy(policy).await?;
+        None
+    };
     tokio::time::sleep(spec.settle).await;
     let before = control.cache_counters().await?;
     let first_before = control.first_scheduled().await;
     let degraded_before = control.state_degraded().await;
     let answers_before = control.pick_answer().await;
-    let mut run = spec.run.clone();
     run.arrival = match rate {
         Some(rate) => Arrival::Poisson { rate },
         None => Arrival::Timestamps,

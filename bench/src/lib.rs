@@ -29,6 +29,7 @@ pub mod compare;
 pub mod control;
 pub mod counters;
 pub mod error;
+pub mod peer_router;
 pub mod plot;
 pub mod report;
 pub mod runner;

@@ -19,7 +19,7 @@ const COLORS: &[&str] = &["#d62728", "#7f7f7f", "#ff7f0e", "#9467bd", "#1f77b4",
 /// One colour per known policy (so the peers never share one), the rest cycling after them.
 fn color(policy: &str, i: usize) -> &'static str {
     // approx_prefix is retired; reports from before it was still redraw in its colour.
-    let known = ["random", "round_robin", "least_loaded", "approx_prefix", "kvroute", "sglang_cache_aware", "llmd_default", "dynamo_kv"];
+    let known = ["random", "round_robin", "least_loaded", "approx_prefix", "kvroute", "sglang_cache_aware", "llmd_default", "dynamo_kv", "sglang_router"];
     let at = known.iter().position(|p| *p == policy).unwrap_or(known.len() + i % (COLORS.len() - known.len()));
     COLORS.get(at).copied().unwrap_or("#000000")
 }

@@ -250,7 +250,7 @@ impl Drop for Stack {
 }
 
 /// Poll `url` until it answers 2xx; fail early if a child already exited.
-async fn wait_http(url: &str, limit: Duration, children: &mut [Managed]) -> Result<(), BenchError> {
+pub(crate) async fn wait_http(url: &str, limit: Duration, children: &mut [Managed]) -> Result<(), BenchError> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().map_err(|e| BenchError::http(url, e))?;
     let deadline = Instant::now() + limit;
     loop {

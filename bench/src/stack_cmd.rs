@@ -8,6 +8,7 @@ use clap::Args;
 use kvroute_bench::bounds;
 use kvroute_bench::compare;
 use kvroute_bench::control::Control;
+use kvroute_bench::peer_router::{PeerRouter, SGLANG_ROUTER};
 use kvroute_bench::report::table;
 use kvroute_bench::stack::{Ports, Stack, StackConfig};
 use std::path::PathBuf;
@@ -164,7 +165,20 @@ pub async fn run(args: StackArgs) -> Result<()> {
         stack = Some(s);
         (url, c)
     };
-    let spec = args.compare.spec(&url, &args.workload.model, args.workload.seed, args.launch.time_scale)?;
+    let mut spec = args.compare.spec(&url, &args.workload.model, args.workload.seed, args.launch.time_scale)?;
+    if spec.policies.iter().any(|p| p == SGLANG_ROUTER) {
+        if matches!(args.workload.prompt_mode, kvroute_bench::workload::PromptMode::Tokens) {
+            bail!("the {SGLANG_ROUTER} row needs --prompt-mode chat: the real router takes only text prompts (a token-id prompt is a 422)");
+        }
+        let root = std::env::var_os("KVROUTE_ROOT").map_or_else(|| PathBuf::from("."), PathBuf::from);
+        let Some(bin) = PeerRouter::find(args.compare.sglang_router.as_deref(), &root) else {
+            bail!("the {SGLANG_ROUTER} row needs the real router: pip install sglang-router (into .cache/venv), or --sglang-router PATH");
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).context("a port for sglang-router")?.port();
+        let work_dir = args.compare.out.join("stack");
+        std::fs::create_dir_all(&work_dir)?;
+        spec.peer = Some(PeerRouter { bin, workers: control.workers.clone(), port, work_dir, policy: args.compare.sglang_router_policy.clone() });
+    }
     let params = serde_json::to_value(&args)?;
     // The oracle bound's capacity: what the workers report, else the flags they got.
     let n_workers = if args.attach { args.worker_url.len() } else { args.launch.workers };
