@@ -136,6 +136,10 @@ pub struct CompareArgs {
     /// The real router's `--policy`.
     #[arg(long, default_value = "cache_aware")]
     pub sglang_router_policy: String,
+    /// An extra `sglang-router launch` flag, repeatable (its queue, off by default:
+    /// `--sglang-router-arg=--max-concurrent-requests --sglang-router-arg=64`).
+    #[arg(long, allow_hyphen_values = true)]
+    pub sglang_router_arg: Vec<String>,
     /// Offered rate(s) in requests/s (sessions/s for multi-turn), in simulated time (the
     /// real rate is this divided by --time-scale); several = a sweep.
     #[arg(long, value_delimiter = ',', default_values_t = [1.0])]

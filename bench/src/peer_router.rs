@@ -25,6 +25,8 @@ pub struct PeerRouter {
     pub work_dir: PathBuf,
     /// `--policy` (the router's `cache_aware` by default, as SGLang ships it).
     pub policy: String,
+    /// More `launch` flags (e.g. its queue: `--max-concurrent-requests`, `--queue-size`).
+    pub extra: Vec<String>,
 }
 
 impl PeerRouter {
@@ -50,6 +52,7 @@ impl PeerRouter {
         a.push(self.port.to_string());
         a.push("--policy".into());
         a.push(self.policy.clone());
+        a.extend(self.extra.iter().cloned());
         a.push("--worker-urls".into());
         a.extend(self.workers.iter().cloned());
         a
@@ -81,10 +84,11 @@ mod tests {
             port: 18090,
             work_dir: "/tmp".into(),
             policy: "cache_aware".into(),
+            extra: vec!["--max-concurrent-requests".into(), "64".into()],
         };
         assert_eq!(
             r.args().join(" "),
-            "launch --host 127.0.0.1 --port 18090 --policy cache_aware --worker-urls http://127.0.0.1:18100 http://127.0.0.1:18101"
+            "launch --host 127.0.0.1 --port 18090 --policy cache_aware --max-concurrent-requests 64 --worker-urls http://127.0.0.1:18100 http://127.0.0.1:18101"
         );
         assert_eq!(r.url(), "http://127.0.0.1:18090");
         assert_eq!(PeerRouter::find(Some(Path::new("/x/sglang-router")), Path::new("/nowhere")), Some(PathBuf::from("/x/sglang-router")));

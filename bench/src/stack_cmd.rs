@@ -177,7 +177,8 @@ pub async fn run(args: StackArgs) -> Result<()> {
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).context("a port for sglang-router")?.port();
         let work_dir = args.compare.out.join("stack");
         std::fs::create_dir_all(&work_dir)?;
-        spec.peer = Some(PeerRouter { bin, workers: control.workers.clone(), port, work_dir, policy: args.compare.sglang_router_policy.clone() });
+        let (policy, extra) = (args.compare.sglang_router_policy.clone(), args.compare.sglang_router_arg.clone());
+        spec.peer = Some(PeerRouter { bin, workers: control.workers.clone(), port, work_dir, policy, extra });
     }
     let params = serde_json::to_value(&args)?;
     // The oracle bound's capacity: what the workers report, else the flags they got.
