@@ -92,17 +92,18 @@ impl App {
         }
         let discovery = Discovery::new(membership.clone(), fleet.clone(), config.worker_groups.clone(), &mut registry);
         let api_metrics = Arc::new(crate::api::ApiMetrics::register(&mut registry));
-        // Other replicas' changes: what is known already now, the rest as it comes. A pick a
-        // cancel freed here was cancelled on a replica that did not hold it: its reservation
-        // is given back here, as for a pick discarded on arrival (every replica holding a
-        // copy does so; a settle is idempotent).
+        // Other replicas' changes: what is known already now, the rest as it comes. A pick an
+        // end freed here, with how it ended, was reported to a replica that did not hold it:
+        // it is settled here (every replica holding a copy does so; a settle is idempotent).
+        // An end that came without it (a tombstone) leaves the reservation charged: an
+        // estimate, never free.
         let (tx, mut rx) = mpsc::unbounded_channel();
         replication.attach(tx);
         let apply = {
             let (membership, tenants) = (membership.clone(), tenants.clone());
             move |event| {
-                if let Some(freed) = membership.apply_replicated(event) {
-                    tenants.release(&freed);
+                if let Some((freed, ending)) = membership.apply_replicated(event) {
+                    tenants.settle_ended(&freed, &ending);
                 }
             }
         };

@@ -31,6 +31,7 @@ pub use registry::{Engine, Registry, RegistryError, WorkerEntry};
 
 use crate::assign::{Assignment, AssignmentId, Assignments, Insert, ReportOutcome, Speculative};
 use crate::config::{Config, ConfigError, WorkerConfig};
+use crate::tenancy::Ending;
 use kvroute_kv::index::KvIndex;
 use crate::load::LoadState;
 use kvroute_score::prefix_sets::{Evict, PrefixSets, SetMatch};
@@ -223,15 +224,15 @@ impl Fleet {
     /// overtake its pick (the proxy gave up on a slow answer): it is remembered, so the pick
     /// is discarded when it is recorded. The end of an id not held here is shared too: the
     /// replica that recorded it may be the only one that still holds it.
-    pub fn finish(&self, id: AssignmentId, end: End, now: Instant) -> Option<Assignment> {
+    pub fn finish(&self, id: AssignmentId, end: End, ending: Ending, now: Instant) -> Option<Assignment> {
         let freed = self.free(id, end, now);
         match (&freed, end) {
             (Some(_), _) => self.replication.publish(Change::Freed { id }),
             // Not recorded here: perhaps by a replica that answered the pick after the proxy
             // gave up on it (it was slow, or frozen). Every replica hears of the cancel, so
-            // whichever holds the pick, now or later, lets it go.
-            (None, End::Cancelled) => self.replication.publish(Change::CancelledUnknown { id }),
-            (None, End::Completed) => self.replication.publish(Change::CompletedUnknown { id }),
+            // whichever holds the pick, now or later, lets it go and settles it by `ending`.
+            (None, End::Cancelled) => self.replication.publish(Change::CancelledUnknown { id, ending }),
+            (None, End::Completed) => self.replication.publish(Change::CompletedUnknown { id, ending }),
         }
         freed
     }
@@ -259,9 +260,10 @@ impl Fleet {
     /// again. Workers come and go through [`Fleet::register`] / [`Fleet::unregister`], which
     /// start and stop their feeds too: the caller routes those two.
     ///
-    /// Returns the assignment a cancel freed here: the replica that heard the cancel did not
-    /// hold the pick, so nothing has settled its budget reservation yet (the caller does).
-    pub fn apply_replicated(&self, event: &FleetEvent, now: Instant) -> Option<Assignment> {
+    /// Returns the assignment an end freed here when the end came with how the request ended:
+    /// the replica that heard the report did not hold the pick, so nothing has settled its
+    /// budget reservation yet (the caller does, by that ending).
+    pub fn apply_replicated(&self, event: &FleetEvent, now: Instant) -> Option<(Assignment, Ending)> {
         match event {
             FleetEvent::Assigned { assignment, credit } => {
                 self.insert(assignment, credit, now);
@@ -269,10 +271,8 @@ impl Fleet {
             FleetEvent::FirstToken { id, elapsed_ms } => {
                 self.mark_first_token(*id, *elapsed_ms, now);
             }
-            FleetEvent::Completed { id, .. } => {
-                self.free(*id, End::Completed, now);
-            }
-            FleetEvent::Cancelled { id } => return self.free(*id, End::Cancelled, now),
+            FleetEvent::Completed { id, ending } => return self.free(*id, End::Completed, now).zip(*ending),
+            FleetEvent::Cancelled { id, ending } => return self.free(*id, End::Cancelled, now).zip(*ending),
             FleetEvent::CalibrationRestored { worker, calibration } => {
                 if let Some(w) = self.worker(worker.as_str()) {
                     *w.calibration.lock() = *calibration;

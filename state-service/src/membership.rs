@@ -8,6 +8,7 @@
 //! ([`Membership::apply_replicated`]).
 
 use crate::assign::Assignment;
+use crate::tenancy::Ending;
 use crate::config::WorkerConfig;
 use crate::feeds::Feeds;
 use crate::fleet::{AddWorkerError, Fleet, FleetEvent, RegistryError, WorkerEntry};
@@ -149,9 +150,9 @@ impl Membership {
     }
 
     /// Applies a change another replica made (or a warm start found). Workers it adds get
-    /// their feeds; a worker this replica refuses is handed back to the store. Returns the
-    /// assignment a cancel freed (see [`Fleet::apply_replicated`]).
-    pub fn apply_replicated(&self, event: FleetEvent) -> Option<Assignment> {
+    /// their feeds; a worker this replica refuses is handed back to the store. Returns an
+    /// assignment freed with how it ended, for its budget (see [`Fleet::apply_replicated`]).
+    pub fn apply_replicated(&self, event: FleetEvent) -> Option<(Assignment, Ending)> {
         match event {
             FleetEvent::WorkerAdded(config) => {
                 let id = config.id.clone();

@@ -272,7 +272,7 @@ impl Picker {
     /// The proxy gave up on this pick before its answer: nothing of it may stay (its
     /// reservation is given back).
     fn abandon(&self, id: AssignmentId) {
-        if let Some(a) = self.fleet.finish(id, End::Cancelled, tokio::time::Instant::now()) {
+        if let Some(a) = self.fleet.finish(id, End::Cancelled, crate::tenancy::Ending::default(), tokio::time::Instant::now()) {
             self.tenants.release(&a);
         }
         self.metrics.picks_abandoned.inc();

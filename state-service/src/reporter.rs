@@ -93,8 +93,8 @@ impl Reporter {
                 FirstToken::Duplicate => Applied::Duplicate,
                 FirstToken::Unknown => Applied::Unknown,
             },
-            ReportKindLabel::Complete => self.fleet.finish(id, End::Completed, now).map_or(Applied::Unknown, Applied::Freed),
-            ReportKindLabel::Cancel => self.fleet.finish(id, End::Cancelled, now).map_or(Applied::Unknown, Applied::Freed),
+            ReportKindLabel::Complete => self.fleet.finish(id, End::Completed, ending(report, kind), now).map_or(Applied::Unknown, Applied::Freed),
+            ReportKindLabel::Cancel => self.fleet.finish(id, End::Cancelled, ending(report, kind), now).map_or(Applied::Unknown, Applied::Freed),
             ReportKindLabel::Unspecified => return None,
         };
         Some(applied)
@@ -109,15 +109,7 @@ impl Reporter {
         let tenant = a.budget.as_ref().map_or(report.tenant.as_str(), |s| &*s.tenant);
         self.tenants.count_usage(tenant, report.prompt_tokens, report.cached_tokens.unwrap_or(0), report.completion_tokens);
         let Some(scope) = a.budget.clone() else { return };
-        let end = Ending {
-            completed: kind == ReportKindLabel::Complete,
-            status: report.status,
-            prompt_tokens: report.prompt_tokens,
-            cached_tokens: report.cached_tokens,
-            completion_tokens: report.completion_tokens,
-            forwarded: report.forwarded,
-            streaming: report.streaming,
-        };
+        let end = ending(report, kind);
         let accepted = end.completed && (200..300).contains(&end.status);
         if a.background && accepted && crate::stored::valid_id(&report.response_id) {
             if let Some(url) = self.stored_response_url(&report.response_id, a) {
@@ -247,6 +239,19 @@ fn kind_label(kind: i32) -> ReportKindLabel {
         Ok(ReportKind::ReportComplete) => ReportKindLabel::Complete,
         Ok(ReportKind::ReportCancel) => ReportKindLabel::Cancel,
         _ => ReportKindLabel::Unspecified,
+    }
+}
+
+/// How the proxy reported the request ended.
+fn ending(report: &Report, kind: ReportKindLabel) -> Ending {
+    Ending {
+        completed: kind == ReportKindLabel::Complete,
+        status: report.status,
+        prompt_tokens: report.prompt_tokens,
+        cached_tokens: report.cached_tokens,
+        completion_tokens: report.completion_tokens,
+        forwarded: report.forwarded,
+        streaming: report.streaming,
     }
 }
 

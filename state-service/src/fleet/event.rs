@@ -3,6 +3,7 @@
 
 use crate::assign::{Assignment, AssignmentId};
 use crate::config::WorkerConfig;
+use crate::tenancy::Ending;
 use kvroute_kv::types::{BlockKey, WorkerId};
 use kvroute_score::Calibration;
 use kvroute_core::wire::UpstreamFailure;
@@ -26,8 +27,10 @@ pub enum FleetEvent {
     Assigned { assignment: Assignment, credit: Arc<[BlockKey]> },
     /// The first token arrived `elapsed_ms` after the request was forwarded.
     FirstToken { id: AssignmentId, elapsed_ms: f64 },
-    Completed { id: AssignmentId, usage: Usage },
-    Cancelled { id: AssignmentId },
+    /// `ending`: how the proxy reported it, when the replica that heard the report did not
+    /// hold the pick (so nobody has settled its budget); `None` otherwise.
+    Completed { id: AssignmentId, ending: Option<Ending> },
+    Cancelled { id: AssignmentId, ending: Option<Ending> },
     WorkerAdded(Box<WorkerConfig>),
     WorkerRemoved(WorkerId),
     /// A warm start found this fit of the worker's cost model.
@@ -48,11 +51,12 @@ pub enum Change<'a> {
     FirstToken { assignment: &'a Assignment, elapsed_ms: f64, calibration: Option<&'a Calibration> },
     Freed { id: AssignmentId },
     /// The proxy cancelled an id this replica never recorded: the replica that answered the
-    /// pick (late, or frozen meanwhile) must discard or free it when it hears this.
-    CancelledUnknown { id: AssignmentId },
+    /// pick (late, or frozen meanwhile) must discard or free it when it hears this, and
+    /// settle its budget by `ending`.
+    CancelledUnknown { id: AssignmentId, ending: Ending },
     /// The proxy reported the end of an id this replica does not hold (it never heard of
-    /// the pick, or let it go): the replica that recorded the pick must free it.
-    CompletedUnknown { id: AssignmentId },
+    /// the pick, or let it go): the replica that recorded the pick must free and settle it.
+    CompletedUnknown { id: AssignmentId, ending: Ending },
     Suspected { worker: &'a WorkerId, reason: UpstreamFailure },
     Draining { worker: &'a WorkerId },
 }

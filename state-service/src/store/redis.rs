@@ -41,7 +41,7 @@ use kvroute_score::Calibration;
 use kvroute_kv::types::WorkerId;
 use parking_lot::Mutex;
 use rand::Rng;
-use replicate::Op;
+use replicate::{Free, Op};
 use shards::{ShardId, Shards};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -73,7 +73,7 @@ struct Found {
 }
 
 /// Frees a shard missed: assignment id -> how it ended, and when.
-type HeldFrees = HashMap<u64, (End, tokio::time::Instant)>;
+type HeldFrees = HashMap<u64, (Free, tokio::time::Instant)>;
 
 pub struct RedisStore {
     pub config: RedisConfig,
@@ -328,14 +328,14 @@ impl RedisStore {
 
     /// Keeps `frees` that `shard` did not take, to send when it is back (see
     /// [`RedisStore::send_held_frees`]).
-    fn hold_frees(&self, shard: ShardId, frees: &[(u64, End)]) {
+    fn hold_frees(&self, shard: ShardId, frees: &[Free]) {
         if frees.is_empty() {
             return;
         }
         let now = tokio::time::Instant::now();
         let mut held = self.held_frees.lock();
         let on = held.entry(shard).or_default();
-        on.extend(frees.iter().map(|&(id, end)| (id, (end, now))));
+        on.extend(frees.iter().map(|&f| (f.id, (f, now))));
     }
 
     /// Sends the frees `shard` missed while it was away, each with a tombstone: a replica
@@ -347,10 +347,10 @@ impl RedisStore {
             return;
         }
         let frees = self.held_frees.lock().remove(&shard).unwrap_or_default();
-        for (id, (end, at)) in frees {
+        for (free, at) in frees.into_values() {
             if at.elapsed() < self.assignment_ttl {
                 self.stats.frees_resent.fetch_add(1, Ordering::Relaxed);
-                self.send(Op::Tombstone { id, end });
+                self.send(free.tombstone());
             }
         }
     }
@@ -375,7 +375,7 @@ impl RedisStore {
             adopted.keys().copied().filter(|id| !found.contains(id) && self.shards.owner(&self.assignment_key(*id)) == shard).collect();
         for id in &lost {
             adopted.remove(id);
-            let _ = inbound.send(FleetEvent::Completed { id: crate::assign::AssignmentId(*id), usage: crate::fleet::Usage::default() });
+            let _ = inbound.send(FleetEvent::Completed { id: crate::assign::AssignmentId(*id), ending: None });
         }
         lost.len()
     }
@@ -430,14 +430,14 @@ impl RedisStore {
                 pipe.del(&key).ignore();
                 self.publish(pipe, event);
             }
-            Op::Tombstone { id, end } => {
+            Op::Tombstone { id, end, ending } => {
                 // A cancel matters until the pick's first-token TTL, an end for its whole life.
                 let (ttl, event) = match end {
-                    End::Cancelled => (self.first_token_ttl, Event::Cancelled { id }),
-                    End::Completed => (self.assignment_ttl, Event::Freed { id }),
+                    End::Cancelled => (self.first_token_ttl, Event::Cancelled { id, ending }),
+                    End::Completed => (self.assignment_ttl, Event::Freed { id, ending }),
                 };
                 pipe.del(&key).ignore();
-                pipe.pset_ex(self.tombstone_key(id, end), id, ttl.as_millis() as u64).ignore();
+                pipe.pset_ex(self.tombstone_key(id, end), replicate::Tombstone { id, ending }.value(), ttl.as_millis() as u64).ignore();
                 self.publish(pipe, event);
             }
             Op::Set { value, px: None, .. } => {
@@ -540,13 +540,13 @@ impl Replication for Handle {
                 // Another replica's pick: that replica holds it, so it must hear of the end
                 // even if it is not listening now (frozen, resubscribing).
                 let op = match me.adopted.lock().remove(&id.0) {
-                    Some(_) => Op::Tombstone { id: id.0, end: End::Completed },
-                    None => Op::Delete { id: id.0, event: Event::Freed { id: id.0 } },
+                    Some(_) => Op::Tombstone { id: id.0, end: End::Completed, ending: None },
+                    None => Op::Delete { id: id.0, event: Event::Freed { id: id.0, ending: None } },
                 };
                 me.send(op);
             }
-            Change::CancelledUnknown { id } => me.send(Op::Tombstone { id: id.0, end: End::Cancelled }),
-            Change::CompletedUnknown { id } => me.send(Op::Tombstone { id: id.0, end: End::Completed }),
+            Change::CancelledUnknown { id, ending } => me.send(Op::Tombstone { id: id.0, end: End::Cancelled, ending: Some(ending) }),
+            Change::CompletedUnknown { id, ending } => me.send(Op::Tombstone { id: id.0, end: End::Completed, ending: Some(ending) }),
             Change::Suspected { worker, reason } => {
                 let event = Event::WorkerSuspect { id: worker.to_string(), reason: reason as i32 };
                 me.send(Op::Publish { key: me.worker_key(worker.as_str()), event });

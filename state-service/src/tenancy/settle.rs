@@ -2,8 +2,10 @@
 //! it and however. The reservation admission made is replaced by this when the proxy reports
 //! the end (see [`super::Tenants::settle`]).
 
-/// How a request ended, as the proxy reported it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How a request ended, as the proxy reported it (also carried between replicas, when the
+/// replica that heard the report does not hold the pick).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Ending {
     /// Completed (the response's end reached the proxy) rather than cancelled.
     pub completed: bool,

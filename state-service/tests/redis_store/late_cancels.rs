@@ -72,10 +72,10 @@ fn a_cancel_a_replica_could_not_hear_is_found_when_it_resyncs() {
 }
 
 #[test]
-fn a_pick_freed_by_a_cancel_heard_elsewhere_gives_its_budget_back() {
+fn the_end_of_a_pick_reported_to_a_replica_that_does_not_hold_it_settles_its_budget() {
     use kvroute_state::tenancy::window::contract::scope;
     use kvroute_state::tenancy::{Budget, Ledger};
-    let servers = shards(1);
+    let mut servers = shards(3);
     let replicas: Vec<Replica> = (0..2)
         .map(|i| {
             let mut c = redis_config(&servers, &format!("r{i}"), i);
@@ -87,19 +87,34 @@ fn a_pick_freed_by_a_cancel_heard_elsewhere_gives_its_budget_back() {
     let rt = client_rt();
     let count = |r: &Replica| r.state.fleet.assignments().len();
     let used = || rt.block_on(replicas[0].store.ledger.usage(scope("team"), 60_000)).expect("usage").tokens;
+    // Two picks replica 1 never hears of: their records' shard is away (not the budget's).
+    let shards = &replicas[0].store.shards;
+    let budget = shards.owner(&scope("team").key());
+    let away = shards.ids().find(|s| *s != budget).expect("another shard");
+    let ids: Vec<u64> = (1..).filter(|id| shards.owner(&format!("t:asg:{id}")) == away).take(2).collect();
+    servers[away.0].stop();
+    wait_until("both replicas to see the shard down", || replicas.iter().all(|r| !r.store.shards.is_up(away)));
+    for id in &ids {
+        let mut body = pick(*id);
+        body["tenant"] = json!("team");
+        body["max_tokens"] = json!(100);
+        assert_eq!(post_json(&rt, &replicas[0].url("/v1/pick"), body).0, 200);
+    }
+    servers[away.0].restart();
+    wait_until("both replicas to see the shard back", || replicas.iter().all(|r| r.store.shards.is_up(away)));
+    assert_eq!((count(&replicas[0]), count(&replicas[1])), (2, 0));
+    let reserved = used();
+    assert!(reserved > 0, "the picks reserved their tokens");
 
-    let mut body = pick(0xFEED);
-    body["tenant"] = json!("team");
-    body["max_tokens"] = json!(100);
-    assert_eq!(post_json(&rt, &replicas[0].url("/v1/pick"), body).0, 200);
-    wait_until("every replica to hold the pick", || replicas.iter().all(|r| count(r) == 1));
-    assert!(used() > 0, "the pick reserved its tokens");
-
-    // The proxy gave up on the pick and its cancel reached a replica that did not hold it
-    // (here: a tombstone the replicas read when they resync): nobody forwarded the request,
-    // so its reservation is given back, as a pick discarded on arrival gives it back.
-    assert!(servers[0].inline("SET t:cxl:65261 65261 PX 60000").is_some_and(|r| r.starts_with("+OK")));
-    assert!(servers[0].inline("CLIENT KILL TYPE pubsub").is_some_and(|r| r.starts_with(':')));
-    wait_until("the pick freed everywhere", || replicas.iter().all(|r| count(r) == 0));
-    wait_until("the reservation given back", || used() == 0);
+    // The proxy gave up on the first pick (never forwarded): its cancel reaches replica 1,
+    // and replica 0 gives the reservation back. The second completed, with its usage: it is
+    // charged what the engine did (32 - 16 cached + 7), not its reservation.
+    let reports = json!({ "reports": [
+        { "assignment_id": ids[0], "kind": 3, "tenant": "team" },
+        { "assignment_id": ids[1], "kind": 2, "elapsed_ms": 5.0, "tenant": "team", "status": 200,
+          "prompt_tokens": 32, "cached_tokens": 16, "completion_tokens": 7 },
+    ] });
+    assert_eq!(post_json(&rt, &replicas[1].url("/v1/report"), reports).0, 204);
+    wait_until("replica 0 to free both picks", || count(&replicas[0]) == 0);
+    wait_until("both settled by how they ended", || used() == 23);
 }

@@ -32,7 +32,8 @@ use super::shards::ShardId;
 use super::wire::{Event, Message, Record};
 use super::{RedisStore, StoreStats};
 use crate::assign::AssignmentId;
-use crate::fleet::{End, FleetEvent, Usage};
+use crate::fleet::{End, FleetEvent};
+use crate::tenancy::Ending;
 use crate::store::Inbound;
 use kvroute_kv::types::WorkerId;
 use kvroute_core::wire::UpstreamFailure;
@@ -55,7 +56,7 @@ pub enum Op {
     /// delete the record, keep a tombstone (read by every resync) and publish the end. For
     /// a cancel of an id not recorded here, the end of an id not held here, a free of
     /// another replica's pick, and a free whose shard was away when it happened.
-    Tombstone { id: u64, end: End },
+    Tombstone { id: u64, end: End, ending: Option<Ending> },
     /// A plain key/value (calibration snapshots), with a TTL in ms when `px` is set
     /// (response owners).
     Set { key: String, value: String, px: Option<u64> },
@@ -72,7 +73,7 @@ pub async fn writer(store: Arc<RedisStore>, shard: ShardId, mut rx: mpsc::Receiv
     while rx.recv_many(&mut buf, BATCH).await > 0 {
         let n = buf.len() as u64;
         // The frees in this batch, held to be sent again if it is lost with its shard.
-        let frees: Vec<(u64, End)> = buf.iter().filter_map(|(_, op)| op.free()).collect();
+        let frees: Vec<Free> = buf.iter().filter_map(|(_, op)| op.free()).collect();
         if !store.shards.is_up(shard) {
             store.stats.writes_dropped.fetch_add(n, Ordering::Relaxed);
             store.hold_frees(shard, &frees);
@@ -95,14 +96,55 @@ pub async fn writer(store: Arc<RedisStore>, shard: ShardId, mut rx: mpsc::Receiv
     }
 }
 
+/// A tombstone's value: the id alone, or with how the request ended (JSON).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Tombstone {
+    pub id: u64,
+    #[serde(default)]
+    pub ending: Option<Ending>,
+}
+
+impl Tombstone {
+    pub fn parse(value: &[u8]) -> Option<Tombstone> {
+        let text = std::str::from_utf8(value).ok()?;
+        match text.parse::<u64>() {
+            Ok(id) => Some(Tombstone { id, ending: None }),
+            Err(_) => serde_json::from_str(text).ok(),
+        }
+    }
+
+    /// The value to store: the id alone when there is no ending.
+    pub fn value(&self) -> String {
+        match self.ending {
+            None => self.id.to_string(),
+            Some(_) => serde_json::to_string(self).unwrap_or_else(|_| self.id.to_string()),
+        }
+    }
+}
+
 impl Op {
-    /// The assignment this op frees, and how it ended.
-    pub fn free(&self) -> Option<(u64, End)> {
-        match self {
-            Op::Delete { id, .. } => Some((*id, End::Completed)),
-            Op::Tombstone { id, end } => Some((*id, *end)),
+    /// The assignment this op frees, and how.
+    pub fn free(&self) -> Option<Free> {
+        match *self {
+            Op::Delete { id, .. } => Some(Free { id, end: End::Completed, ending: None }),
+            Op::Tombstone { id, end, ending } => Some(Free { id, end, ending }),
             _ => None,
         }
+    }
+}
+
+/// A free to write (again, if its shard was away when it happened).
+#[derive(Clone, Copy, Debug)]
+pub struct Free {
+    pub id: u64,
+    pub end: End,
+    pub ending: Option<Ending>,
+}
+
+impl Free {
+    /// The op that writes it with a tombstone.
+    pub fn tombstone(self) -> Op {
+        Op::Tombstone { id: self.id, end: self.end, ending: self.ending }
     }
 }
 
@@ -202,13 +244,13 @@ async fn resync(store: &RedisStore, inbound: &Inbound, shard: ShardId) -> Result
     let mut cancelled = std::collections::HashSet::new();
     for end in [End::Cancelled, End::Completed] {
         for value in store.scan_values(shard, &store.tombstone_key("*", end)).await? {
-            match std::str::from_utf8(&value).ok().and_then(|v| v.parse::<u64>().ok()) {
-                Some(id) => {
+            match Tombstone::parse(&value) {
+                Some(Tombstone { id, ending }) => {
                     cancelled.insert(id);
                     let id = AssignmentId(id);
                     let _ = inbound.send(match end {
-                        End::Cancelled => FleetEvent::Cancelled { id },
-                        End::Completed => FleetEvent::Completed { id, usage: Usage::default() },
+                        End::Cancelled => FleetEvent::Cancelled { id, ending },
+                        End::Completed => FleetEvent::Completed { id, ending },
                     });
                 }
                 None => {
@@ -263,14 +305,14 @@ pub fn receive(store: &RedisStore, inbound: &Inbound, event: Event) {
         },
         Event::FirstToken { id, elapsed_ms } => FleetEvent::FirstToken { id: AssignmentId(id), elapsed_ms },
         // Completion and cancellation free alike; the usage was observed where it was reported.
-        Event::Freed { id } => {
+        Event::Freed { id, ending } => {
             store.track_adopted(id, false);
-            FleetEvent::Completed { id: AssignmentId(id), usage: Usage::default() }
+            FleetEvent::Completed { id: AssignmentId(id), ending }
         }
         // Remembered where the pick is not recorded yet, so it is discarded when it is.
-        Event::Cancelled { id } => {
+        Event::Cancelled { id, ending } => {
             store.track_adopted(id, false);
-            FleetEvent::Cancelled { id: AssignmentId(id) }
+            FleetEvent::Cancelled { id: AssignmentId(id), ending }
         }
         Event::WorkerAdded(worker) => return store.adopt_worker(inbound, *worker),
         Event::WorkerRemoved { id } => return store.drop_worker(inbound, &id),

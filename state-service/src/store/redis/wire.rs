@@ -5,6 +5,7 @@
 
 use crate::assign::{Assignment, AssignmentId};
 use crate::config::WorkerConfig;
+use crate::tenancy::Ending;
 use kvroute_score::{Features, Policy};
 use kvroute_kv::types::{BlockKey, WorkerId};
 use serde::{Deserialize, Serialize};
@@ -50,9 +51,19 @@ fn is_zero(n: &u64) -> bool {
 pub enum Event {
     Assigned(Record),
     FirstToken { id: u64, elapsed_ms: f64 },
-    Freed { id: u64 },
+    /// `ending`: how the request ended, when the sender did not hold the pick (the replica
+    /// that does settles its budget by it).
+    Freed {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ending: Option<Ending>,
+    },
     /// A cancel of an id the sender never recorded: discarded or freed wherever it is.
-    Cancelled { id: u64 },
+    Cancelled {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ending: Option<Ending>,
+    },
     /// A worker registered at runtime on some replica.
     WorkerAdded(Box<WorkerConfig>),
     WorkerRemoved { id: String },
@@ -233,5 +244,22 @@ mod tests {
         assert!(age < forever.assignment && now.checked_sub(age).is_none());
         assert!(r.assignment_aged(now, forever, age).is_none());
         assert!(r.assignment_aged(now, forever, Duration::from_secs(1)).is_some());
+    }
+
+    #[test]
+    fn an_end_carries_how_the_request_ended_and_reads_without_it() {
+        let ending = Ending { completed: true, status: 200, prompt_tokens: 32, cached_tokens: Some(16), completion_tokens: 7, ..Ending::default() };
+        let e = Event::Freed { id: 9, ending: Some(ending) };
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), e);
+        // From a replica that sends none: no ending, nothing settled by it.
+        assert_eq!(serde_json::from_str::<Event>(r#"{"kind":"cancelled","id":9}"#).unwrap(), Event::Cancelled { id: 9, ending: None });
+        use super::super::replicate::Tombstone;
+        let t = Tombstone { id: 9, ending: Some(ending) };
+        let back = Tombstone::parse(t.value().as_bytes()).unwrap();
+        assert_eq!((back.id, back.ending), (9, Some(ending)));
+        let plain = Tombstone::parse(b"61453").unwrap();
+        assert_eq!((plain.id, plain.ending), (61453, None));
+        assert!(Tombstone::parse(b"not a tombstone").is_none());
     }
 }
