@@ -16,11 +16,12 @@ const T: f64 = 40.0;
 const B: f64 = 50.0;
 const COLORS: &[&str] = &["#d62728", "#7f7f7f", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
 
-/// One colour per known policy (so the peers never share one), the rest cycling after them.
+/// One colour per known policy (so the peers never share one), other series by their index,
+/// from the colours after the known ones on.
 fn color(policy: &str, i: usize) -> &'static str {
     // approx_prefix is retired; reports from before it was still redraw in its colour.
     let known = ["random", "round_robin", "least_loaded", "approx_prefix", "kvroute", "sglang_cache_aware", "llmd_default", "dynamo_kv", "sglang_router"];
-    let at = known.iter().position(|p| *p == policy).unwrap_or(known.len() + i % (COLORS.len() - known.len()));
+    let at = known.iter().position(|p| *p == policy).unwrap_or((known.len() + i) % COLORS.len());
     COLORS.get(at).copied().unwrap_or("#000000")
 }
 

@@ -84,7 +84,7 @@ pub fn cycle(replicas: usize, workers: usize, shards: usize) -> Vec<SoakFault> {
     c
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     pub t_s: f64,
     /// RSS per process, MiB (absent while it is dead).
@@ -96,7 +96,7 @@ pub struct Sample {
     pub in_flight: Vec<Option<u64>>,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct FaultRow {
     pub at_s: f64,
     pub fault: String,
@@ -114,7 +114,7 @@ pub struct FaultRow {
     pub max_excess: i64,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SoakReport {
     pub minutes: f64,
     pub total: usize,

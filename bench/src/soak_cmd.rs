@@ -36,9 +36,16 @@ pub struct SoakArgs {
     pub model: String,
     #[arg(long, default_value = "bench/results/soak")]
     pub out: PathBuf,
+    /// Start nothing: write `soak.md` and `soak-rss.svg` again from this `soak.json`.
+    #[arg(long)]
+    pub replot: Option<PathBuf>,
 }
 
 pub async fn run(args: SoakArgs) -> Result<()> {
+    if let Some(json) = &args.replot {
+        let report: soak::SoakReport = serde_json::from_slice(&std::fs::read(json)?)?;
+        return write(&args.out, &report, false);
+    }
     let cfg = args.launch.config(&args.model, &args.out.join("stack"))?;
     eprintln!("starting {} workers, {} state replica(s), {} Redis shard(s) and Envoy (logs in {})", cfg.workers, cfg.replicas, cfg.redis_shards, cfg.work_dir.display());
     let mut stack = Stack::start(cfg).await?;
@@ -55,12 +62,18 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     };
     let report = soak::run(&mut stack, &soak_cfg).await?;
     drop(stack);
-    let md = soak::markdown(&report);
+    write(&args.out, &report, true)
+}
+
+fn write(out: &std::path::Path, report: &soak::SoakReport, json: bool) -> Result<()> {
+    let md = soak::markdown(report);
     print!("\n{md}");
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("soak.md"), &md)?;
-    std::fs::write(args.out.join("soak.json"), serde_json::to_vec_pretty(&report)?)?;
-    std::fs::write(args.out.join("soak-rss.svg"), soak::rss_svg(&report))?;
-    println!("wrote {}", args.out.join("soak.md").display());
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("soak.md"), &md)?;
+    if json {
+        std::fs::write(out.join("soak.json"), serde_json::to_vec_pretty(report)?)?;
+    }
+    std::fs::write(out.join("soak-rss.svg"), soak::rss_svg(report))?;
+    println!("wrote {}", out.join("soak.md").display());
     Ok(())
 }
