@@ -20,7 +20,7 @@ use crate::reporter::Reporter;
 use crate::store::memory::MemoryStore;
 use crate::store::Store;
 use crate::stored::Owners;
-use crate::tenancy::{Tenants, OVERRIDES_REFRESH};
+use crate::tenancy::{settled_tokens, Tenants, OVERRIDES_REFRESH};
 use crate::tokenization::Tokenization;
 use kvroute_kv::index::KvIndex;
 use std::sync::Arc;
@@ -102,8 +102,10 @@ impl App {
         let apply = {
             let (membership, tenants) = (membership.clone(), tenants.clone());
             move |event| {
-                if let Some((freed, ending)) = membership.apply_replicated(event) {
-                    tenants.settle_ended(&freed, &ending);
+                if let Some((a, ending)) = membership.apply_replicated(event) {
+                    if let Some(scope) = a.budget {
+                        tenants.settle_charged(scope, a.id.0, settled_tokens(&ending, a.uncached_tokens, a.reserved), a.reserved);
+                    }
                 }
             }
         };

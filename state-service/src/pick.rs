@@ -273,7 +273,10 @@ impl Picker {
     /// reservation is given back).
     fn abandon(&self, id: AssignmentId) {
         if let Some(a) = self.fleet.finish(id, End::Cancelled, crate::tenancy::Ending::default(), tokio::time::Instant::now()) {
-            self.tenants.release(&a);
+            // Never served: its reservation, if it made one, is given back.
+            if let Some(scope) = a.budget {
+                self.tenants.settle(scope, id.0, 0, a.reserved);
+            }
         }
         self.metrics.picks_abandoned.inc();
     }

@@ -389,22 +389,6 @@ impl Tenants {
         self.settle(scope, id, tokens, reserved);
     }
 
-    /// A pick that was never served (discarded on arrival): its reservation, if it made
-    /// one, is given back.
-    pub fn release(&self, a: &crate::assign::Assignment) {
-        if let Some(scope) = a.budget.clone() {
-            self.settle(scope, a.id.0, 0, a.reserved);
-        }
-    }
-
-    /// Settles pick `a` by how its request ended (reported to another replica, which did not
-    /// hold the pick): what the engine did, as for a report heard here.
-    pub fn settle_ended(&self, a: &crate::assign::Assignment, end: &Ending) {
-        if let Some(scope) = a.budget.clone() {
-            self.settle_charged(scope, a.id.0, settled_tokens(end, a.uncached_tokens, a.reserved), a.reserved);
-        }
-    }
-
     /// Settles reservation `id` of `scope` (it charged `reserved`) at `tokens`, on every
     /// ledger that may hold it.
     pub fn settle(&self, scope: Scope, id: u64, tokens: u64, reserved: u64) {
