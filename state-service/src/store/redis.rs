@@ -41,7 +41,7 @@ use kvroute_score::Calibration;
 use kvroute_kv::types::WorkerId;
 use parking_lot::Mutex;
 use rand::Rng;
-use replicate::{Free, Op};
+use replicate::Op;
 use shards::{ShardId, Shards};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -72,8 +72,6 @@ struct Found {
     workers: Vec<WorkerConfig>,
 }
 
-/// Frees a shard missed: assignment id -> how it ended, and when.
-type HeldFrees = HashMap<u64, (Free, tokio::time::Instant)>;
 
 pub struct RedisStore {
     pub config: RedisConfig,
@@ -99,7 +97,7 @@ pub struct RedisStore {
     adopted: Mutex<HashMap<u64, tokio::time::Instant>>,
     /// Frees that could not be written (their shard was away), per shard: sent again, as
     /// tombstones, once it is back, so the replica holding the pick hears of them.
-    held_frees: Mutex<HashMap<ShardId, HeldFrees>>,
+    held_frees: Mutex<HashMap<ShardId, replicate::HeldFrees>>,
     salt: u64,
 }
 
@@ -219,15 +217,6 @@ impl RedisStore {
     /// A cancel of an assignment no replica had recorded when it came: kept for the
     /// first-token TTL on the shard of the assignment's record, so a replica that could not
     /// hear the cancel (frozen, or its subscription lost) finds it in its resync.
-    /// Where the end of assignment `id` (`*`: every one) is kept for resyncs.
-    fn tombstone_key(&self, id: impl std::fmt::Display, end: End) -> String {
-        let kind = match end {
-            End::Cancelled => "cxl",
-            End::Completed => "fin",
-        };
-        format!("{}:{kind}:{id}", self.config.key_prefix)
-    }
-
     fn worker_key(&self, id: &str) -> String {
         format!("{}:worker:{id}", self.config.key_prefix)
     }
@@ -323,35 +312,6 @@ impl RedisStore {
         if !self.shards.is_up(shard) || self.queues[shard.0].try_send((key, op)).is_err() {
             self.stats.writes_dropped.fetch_add(1, Ordering::Relaxed);
             self.hold_frees(shard, free.as_slice());
-        }
-    }
-
-    /// Keeps `frees` that `shard` did not take, to send when it is back (see
-    /// [`RedisStore::send_held_frees`]).
-    fn hold_frees(&self, shard: ShardId, frees: &[Free]) {
-        if frees.is_empty() {
-            return;
-        }
-        let now = tokio::time::Instant::now();
-        let mut held = self.held_frees.lock();
-        let on = held.entry(shard).or_default();
-        on.extend(frees.iter().map(|&f| (f.id, (f, now))));
-    }
-
-    /// Sends the frees `shard` missed while it was away, each with a tombstone: a replica
-    /// that holds the pick hears it now or finds it when it resyncs. Those older than the
-    /// assignment TTL are dropped (every replica let the pick go by then). Called when the
-    /// shard is back (probe) and after each resync of it.
-    pub(crate) fn send_held_frees(&self, shard: ShardId) {
-        if !self.shards.is_up(shard) {
-            return;
-        }
-        let frees = self.held_frees.lock().remove(&shard).unwrap_or_default();
-        for (free, at) in frees.into_values() {
-            if at.elapsed() < self.assignment_ttl {
-                self.stats.frees_resent.fetch_add(1, Ordering::Relaxed);
-                self.send(free.tombstone());
-            }
         }
     }
 

@@ -96,6 +96,49 @@ pub async fn writer(store: Arc<RedisStore>, shard: ShardId, mut rx: mpsc::Receiv
     }
 }
 
+/// Frees a shard missed: assignment id -> the free, and when.
+pub type HeldFrees = std::collections::HashMap<u64, (Free, Instant)>;
+
+impl RedisStore {
+    /// Where the end of assignment `id` (`*`: every one) is kept for resyncs.
+    pub(super) fn tombstone_key(&self, id: impl std::fmt::Display, end: End) -> String {
+        let kind = match end {
+            End::Cancelled => "cxl",
+            End::Completed => "fin",
+        };
+        format!("{}:{kind}:{id}", self.config.key_prefix)
+    }
+
+    /// Keeps `frees` that `shard` did not take, to send when it is back (see
+    /// [`RedisStore::send_held_frees`]).
+    pub(super) fn hold_frees(&self, shard: ShardId, frees: &[Free]) {
+        if frees.is_empty() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let mut held = self.held_frees.lock();
+        let on = held.entry(shard).or_default();
+        on.extend(frees.iter().map(|&f| (f.id, (f, now))));
+    }
+
+    /// Sends the frees `shard` missed while it was away, each with a tombstone: a replica
+    /// that holds the pick hears it now or finds it when it resyncs. Those older than the
+    /// assignment TTL are dropped (every replica let the pick go by then). Called when the
+    /// shard is back (probe) and after each resync of it.
+    pub(crate) fn send_held_frees(&self, shard: ShardId) {
+        if !self.shards.is_up(shard) {
+            return;
+        }
+        let frees = self.held_frees.lock().remove(&shard).unwrap_or_default();
+        for (free, at) in frees.into_values() {
+            if at.elapsed() < self.assignment_ttl {
+                self.stats.frees_resent.fetch_add(1, Ordering::Relaxed);
+                self.send(free.tombstone());
+            }
+        }
+    }
+}
+
 /// A tombstone's value: the id alone, or with how the request ended (JSON).
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Tombstone {
