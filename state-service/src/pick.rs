@@ -8,8 +8,8 @@
 //! 3. [`plan`]: one snapshot of the model's healthy workers, every candidate's match,
 //!    prediction and cost, and the policy's pure choice ([`kvroute_score::choose`]) with this
 //!    pick's own rng; or the proxy's default route. With `[scheduling]` on, a pick whose
-//!    candidates are all saturated is queued instead ([`wait`]) and planned when a worker
-//!    frees capacity, among the unsaturated workers;
+//!    chosen worker is saturated is queued instead ([`wait`]) and planned again, over all its
+//!    candidates, until the worker it is best on has room;
 //! 4. [`admit`]: the tenant's budget reserves what the request will cost, routed or not;
 //! 5. [`commit`]: the assignment is recorded (and shared), the answer built.
 //!
@@ -189,7 +189,7 @@ impl Picker {
             // A continued conversation goes to its one worker whatever its load.
             Target::Workers { view, continued: 0 } if self.sched.enabled() => match self.maybe_queue(policy, req, &view, prompt) {
                 Ok(picked) => return picked,
-                Err(prompt) => self.plan(policy, req, view, prompt, 0),
+                Err(plan) => plan,
             },
             Target::Workers { view, continued } => self.plan(policy, req, view, prompt, continued),
         };

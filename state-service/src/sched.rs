@@ -7,8 +7,12 @@
 //! token (this covers the scrape interval, during which the engine's queue is not yet seen),
 //! or its KV cache is at least `max_kv_usage` full, or (when `saturation_wait_ms` > 0) the
 //! prefill waiting there would delay a new request that long at its calibrated per-token cost.
-//! Each bound is off at 0. A pick whose candidates are all saturated, or that finds picks of
-//! its model already queued (no overtaking), waits; below saturation nothing waits.
+//! Each bound is off at 0. A pick waits when the worker the policy picks for it (over all its
+//! candidates, saturated or not) is saturated, or when picks of its model already wait (then
+//! it takes its turn in the queue's order); a pick whose best worker has room never waits.
+//! Waiting in the router takes the place of waiting in that engine's queue: the engine still
+//! holds `max_engine_waiting` requests to start, and the pick is bound only when a worker has
+//! room, to the worker that is best then.
 //!
 //! The order ([`queue::Queue`]): service classes strictly by their order; within a class,
 //! tenants by deficit round robin over the prefill tokens their requests are predicted to

@@ -27,9 +27,15 @@ fn tokens(r: Range<u32>) -> Vec<u32> {
 
 /// The state on a real index with `workers` (engine slots 0, 1, ... in order).
 fn state(workers: Vec<WorkerConfig>) -> (App, Arc<MemoryIndex>) {
+    state_with(workers, |_| {})
+}
+
+/// [`state`] with its configuration edited.
+fn state_with(workers: Vec<WorkerConfig>, edit: impl FnOnce(&mut kvroute_state::config::Config)) -> (App, Arc<MemoryIndex>) {
     let index = Arc::new(MemoryIndex::new());
     let mut config = common::config(&[]);
     config.workers = workers;
+    edit(&mut config);
     (App::new(config, index.clone()).expect("valid config"), index)
 }
 
@@ -264,4 +270,38 @@ async fn dynamo_reads_the_kv_index_and_the_in_flight_prefill() {
     assert_eq!(pick(&state, &req("m", &prompt)).await.worker_id, "b");
     // A cold prompt goes where fewer blocks are active (b's two requests hold 200).
     assert_eq!(pick(&state, &req("m", &tokens(9000..9320))).await.worker_id, "a");
+}
+
+/// With `[scheduling]` on, a pick whose best worker is saturated waits in the router for it
+/// rather than going cold to the idle one (or joining the engine's queue at once), while a
+/// pick that is best on the idle worker goes there at once, past it; the waiting pick is bound
+/// when its worker has room, to that worker, with its prefix.
+#[tokio::test]
+async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
+    let (state, index) = state_with(vec![worker("a"), worker("b")], |c| c.scheduling.enabled = true);
+    let warm = tokens(0..8200);
+    store(&index, 0, &warm[..8000], None);
+    // a's engine queues a request (saturated at the default max_engine_waiting 1); b is idle.
+    set_load(&state, "a", 4, 1);
+    set_load(&state, "b", 0, 0);
+    // The proxy names each pick (its ticket in the queue).
+    let named = |id: u64, tokens: &[u32]| PickRequest { assignment_id: id, ..req("m", tokens) };
+    let kvroute_state::pick::Picked::Queued(warm_wait) = state.picker.pick_or_queue(&named(1, &warm), Deadline::default()).await else {
+        panic!("the warm pick's best worker, a, is saturated: it waits");
+    };
+    // A cold prompt is best on idle b: queued behind the warm one, it is placed by the next
+    // pass, which leaves the warm one waiting.
+    let cold = named(2, &tokens(100_000..102_000));
+    let kvroute_state::pick::Picked::Queued(cold_wait) = state.picker.pick_or_queue(&cold, Deadline::default()).await else {
+        panic!("picks of the model wait, so a new one takes its turn");
+    };
+    state.picker.dispatch_once().await;
+    let cold = cold_wait.decision().await;
+    assert_eq!((cold.worker_id.as_str(), cold.matched_blocks), ("b", 0));
+    // b now has an unstarted pick, a still its engine queue: the warm pick still waits.
+    state.picker.dispatch_once().await;
+    set_load(&state, "a", 5, 0);
+    state.picker.dispatch_once().await;
+    let warm = warm_wait.decision().await;
+    assert_eq!((warm.worker_id.as_str(), warm.matched_blocks), ("a", 500), "bound to a once it has room, with its prefix");
 }

@@ -1,10 +1,12 @@
-//! Stage 3b: waiting ([`crate::sched`]). A pick whose candidates are all saturated is not
-//! planned: it is queued with its keys, and the dispatcher ([`Picker::dispatch_forever`])
-//! plans it when a worker frees capacity, against the workers and the index as they are then,
-//! among the unsaturated workers only. The proxy's call is held up to `wait_ms`; a decision
-//! made while the proxy was between calls waits `unclaimed_ms` for the next call, then its
-//! assignment is cancelled.
+//! Stage 3b: waiting ([`crate::sched`]). A pick is planned over all its candidates; when the
+//! worker it is best on is saturated, it is queued with its keys, and the dispatcher
+//! ([`Picker::dispatch_forever`]) plans it again, in the queue's order, against the workers
+//! and the index as they are then, until the worker it is best on has room (late binding: the
+//! best worker may change while it waits). The proxy's call is held up to `wait_ms`; a
+//! decision made while the proxy was between calls waits `unclaimed_ms` for the next call,
+//! then its assignment is cancelled.
 
+use super::plan::Plan;
 use super::prompt::Keyed;
 use super::{rejected, Picker};
 use crate::assign::AssignmentId;
@@ -27,6 +29,10 @@ use tokio::time::Instant;
 
 /// How often the dispatcher looks for freed capacity while picks wait.
 const TICK: Duration = Duration::from_millis(10);
+/// The most queued picks one pass plans (those held for a saturated worker count).
+const MAX_SCAN: usize = 128;
+/// A pass that dispatched nothing is repeated on an unchanged fleet only after this long.
+const RESCAN: Duration = Duration::from_millis(100);
 /// A queued pick whose proxy has not called for it this long past its last call's hold has
 /// gone elsewhere (its call timed out, its client left): it is dropped, never dispatched.
 const CALL_GRACE: Duration = Duration::from_secs(1);
@@ -58,6 +64,8 @@ struct Inner {
     /// Decisions (or sheddings) whose proxy was between calls: by ticket, with when made and
     /// the class and tenant label they count under.
     unclaimed: HashMap<u64, Unclaimed>,
+    /// Per model, the signature of the fleet at the last pass that dispatched nothing.
+    idle_pass: HashMap<String, (u64, Instant)>,
 }
 
 struct Unclaimed {
@@ -205,16 +213,22 @@ impl Picker {
         Some(Picked::Queued(Waiting { ticket, ahead, rx, wait }))
     }
 
-    /// Queues the pick when every candidate is saturated or picks of its model already wait;
-    /// gives `keyed` back when it may be planned now.
-    pub(super) fn maybe_queue(&self, policy: Policy, req: &PickRequest, view: &ModelView, keyed: Keyed) -> Result<Picked, Keyed> {
+    /// Plans the pick over every candidate, then queues it when the worker it would go to is
+    /// saturated, or when picks of its model already wait (the dispatcher's next pass, woken
+    /// at once, places it in its turn); else gives the plan back to be committed now.
+    pub(super) fn maybe_queue(&self, policy: Policy, req: &PickRequest, view: &ModelView, keyed: Keyed) -> Result<Picked, Plan> {
         let s = &self.sched;
+        let plan = self.plan(policy, req, view.clone(), keyed.clone(), 0);
+        let Plan::Chosen(chosen) = &plan else { return Err(plan) };
         let tokens = self.config.priors.default_request_tokens;
-        let busy = view.workers.iter().all(|w| s.saturated(w, tokens));
+        let id = &chosen.candidate().worker.id;
+        let busy = view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, tokens));
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
-        if view.workers.is_empty() || !(busy || waiting) {
-            return Err(keyed);
+        if !(busy || waiting) {
+            return Err(plan);
         }
+        // What it costs its tenant's share: its prefill on the best worker now.
+        let cost = u64::from(chosen.uncached_tokens());
         let class = s.config.class_of(&req.service_class, &req.tenant).to_string();
         let class_config = s.config.classes.get(&class).cloned().unwrap_or_default();
         let tenant_label = self.tenants.label(&req.tenant);
@@ -224,13 +238,8 @@ impl Picker {
             Picked::Decided(rejected(policy, queue_rejection(why)))
         };
         if class_config.queue_deadline_ms == 0 {
-            return Ok(shed("shed_at_once", format!("every worker of {} is saturated and class {class} does not wait", req.model)));
+            return Ok(shed("shed_at_once", format!("the workers of {} that could serve it are saturated and class {class} does not wait", req.model)));
         }
-        // What it costs its tenant's share: its prefill on the best worker now.
-        let cost = match self.plan(policy, req, view.clone(), keyed.clone(), 0) {
-            super::plan::Plan::Chosen(c) => u64::from(c.uncached_tokens()),
-            super::plan::Plan::Fallback(_) => u64::from(req.prompt_tokens),
-        };
         let now = Instant::now();
         let since = now.checked_sub(Duration::from_millis(u64::from(req.queued_ms))).unwrap_or(now);
         let deadline = since + Duration::from_millis(class_config.queue_deadline_ms);
@@ -257,7 +266,7 @@ impl Picker {
         };
         s.depth_changed(&class, 1);
         s.wake.notify_one();
-        tracing::debug!(request_id = %req.request_id, model = %req.model, class = %class, ticket, ahead, "pick queued: every worker saturated");
+        tracing::debug!(request_id = %req.request_id, model = %req.model, class = %class, ticket, ahead, busy, "pick queued");
         Ok(Picked::Queued(Waiting { ticket, ahead, rx, wait: Duration::from_millis(u64::from(s.config.wait_ms)) }))
     }
 
@@ -275,13 +284,17 @@ impl Picker {
             if idle {
                 self.sched.wake.notified().await;
             } else {
-                tokio::time::sleep(TICK).await;
+                // A new pick is placed at once; freed capacity is looked for every tick.
+                tokio::select! {
+                    _ = self.sched.wake.notified() => {}
+                    _ = tokio::time::sleep(TICK) => {}
+                }
             }
             self.dispatch_once().await;
         }
     }
 
-    /// One pass: every model's queue, until its head finds no unsaturated worker.
+    /// One pass: sheds, drops and cancels what is due, then plans every model's queue.
     pub async fn dispatch_once(&self) {
         let now = Instant::now();
         self.shed_expired(now);
@@ -289,31 +302,67 @@ impl Picker {
         self.cancel_unclaimed(now);
         let models: Vec<String> = self.sched.inner.lock().queues.iter().filter(|(_, q)| !q.is_empty()).map(|(m, _)| m.clone()).collect();
         for model in models {
-            loop {
-                let view = self.free_view(&model);
-                if view.workers.is_empty() {
-                    break;
-                }
-                let s = &self.sched;
-                let next = s.inner.lock().queues.get_mut(&model).and_then(|q| q.pop_next(std::time::Instant::now(), s.config.aging_tokens_per_s, s.config.quantum_tokens));
-                let Some(entry) = next else { break };
-                self.dispatch(entry, view).await;
-            }
+            self.dispatch_model(&model).await;
         }
     }
 
-    /// `model`'s workers that are not saturated.
-    fn free_view(&self, model: &str) -> ModelView {
-        let mut view = self.fleet.model_view(model);
+    /// Plans `model`'s queued picks in the queue's order (classes, fair shares, shortest
+    /// first), each over all of its candidates as they are now plus what this pass placed or
+    /// held before it: a pick whose best worker is not saturated is dispatched there; one whose
+    /// best worker is saturated stays queued, counted on that worker for the picks after it
+    /// (they see its queue as it will be), and is planned again next pass, so it is bound to a
+    /// worker only when one it is best on has room. The pass ends when no worker has room or
+    /// after [`MAX_SCAN`] picks; one that would dispatch nothing on an unchanged fleet is skipped.
+    async fn dispatch_model(&self, model: &str) {
+        let s = &self.sched;
         let tokens = self.config.priors.default_request_tokens;
-        view.workers.retain(|w| !self.sched.saturated(w, tokens));
-        view
+        let mut view = self.fleet.model_view(model);
+        let room = |view: &ModelView| view.workers.iter().any(|w| !s.saturated(w, tokens));
+        if !room(&view) {
+            return;
+        }
+        let signature = signature(&view, s.inner.lock().queues.get(model).map_or(0, Queue::len));
+        if s.inner.lock().idle_pass.get(model).is_some_and(|(sig, at)| *sig == signature && at.elapsed() < RESCAN) {
+            return;
+        }
+        let (mut held, mut dispatched) = (Vec::new(), 0usize);
+        while held.len() + dispatched < MAX_SCAN && room(&view) {
+            let next = s.inner.lock().queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), s.config.aging_tokens_per_s, s.config.quantum_tokens));
+            let Some(entry) = next else { break };
+            let job = &entry.job;
+            let plan = self.plan(job.policy, &job.req, self.in_pool(&job.req, view.clone()), job.keyed.clone(), 0);
+            if let Plan::Chosen(chosen) = &plan {
+                let id = &chosen.candidate().worker.id;
+                if let Some(w) = view.workers.iter_mut().find(|w| w.entry.id == *id) {
+                    let busy = s.saturated(w, tokens);
+                    placed(w, chosen.uncached_tokens());
+                    if busy {
+                        held.push(entry);
+                        continue;
+                    }
+                }
+            }
+            dispatched += 1;
+            self.dispatch(entry, plan).await;
+        }
+        let mut inner = s.inner.lock();
+        if dispatched == 0 {
+            inner.idle_pass.insert(model.to_string(), (signature, Instant::now()));
+        } else {
+            inner.idle_pass.remove(model);
+        }
+        let q = inner.queues.entry(model.to_string()).or_default();
+        for e in held.into_iter().rev() {
+            let order = s.config.classes.get(&e.job.class).map_or(0, |c| c.order);
+            let (class, weight) = (e.job.class.clone(), s.config.weight_of(&e.tenant));
+            q.put_back(order, &class, weight, e);
+        }
     }
 
-    async fn dispatch(&self, entry: Entry<Job>, view: ModelView) {
+    async fn dispatch(&self, entry: Entry<Job>, plan: Plan) {
         let s = &self.sched;
         let Entry { ticket, tenant, since, job, .. } = entry;
-        let Job { req, policy, keyed, class, waiter, .. } = job;
+        let Job { req, policy, class, waiter, .. } = job;
         s.depth_changed(&class, -1);
         if self.fleet.assignments().cancelled_early(AssignmentId(req.assignment_id)) {
             s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "forsaken" }).inc();
@@ -324,8 +373,6 @@ impl Picker {
         let labels = OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "dispatched" };
         s.metrics.outcomes.get_or_create(&labels).inc();
         let started = std::time::Instant::now();
-        let view = self.in_pool(&req, view);
-        let plan = self.plan(policy, &req, view, keyed, 0);
         let response = self.admit_and_commit(policy, &req, plan, started).await;
         tracing::debug!(request_id = %req.request_id, ticket, worker = %response.worker_id, waited_ms = waited.as_millis() as u64, "queued pick dispatched");
         self.deliver(ticket, waiter, response, labels);
@@ -394,6 +441,30 @@ impl Picker {
             }
         }
     }
+}
+
+/// `w` as it will be once a pick of `uncached` prefill tokens is placed on it (dispatched, or
+/// held for it).
+fn placed(w: &mut WorkerView, uncached: u32) {
+    let p = &mut w.pending;
+    p.in_flight += 1;
+    p.waiting += 1;
+    p.waiting_tokens += u64::from(uncached);
+    p.in_flight_tokens += u64::from(uncached);
+}
+
+/// What a pass's outcome depends on besides the clock: each worker's load and our picks on
+/// it, and the queue's length.
+fn signature(view: &ModelView, queued: usize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    queued.hash(&mut h);
+    for w in &view.workers {
+        w.entry.id.hash(&mut h);
+        (w.load.waiting, w.load.running, w.load.kv_usage.to_bits()).hash(&mut h);
+        (w.pending.in_flight, w.pending.waiting, w.pending.waiting_tokens).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// The answer for a request the queue sheds: 503 with `Retry-After` (the proxy shapes it).

@@ -145,6 +145,22 @@ impl<T> Queue<T> {
         t.entries.push(entry);
     }
 
+    /// Puts back an entry [`Queue::pop_next`] gave out but that was not dispatched: its cost is
+    /// refunded to its tenant's deficit, and the tenant is served first again (where it was).
+    /// Entries taken in one pass are put back after it, so a pass never sees one twice.
+    pub fn put_back(&mut self, order: u32, class: &str, weight: u32, entry: Entry<T>) {
+        let key = (order, class.to_string());
+        let q = self.classes.entry(key.clone()).or_default();
+        let t = q.tenants.entry(entry.tenant.clone()).or_insert_with(|| TenantQueue { entries: Vec::new(), deficit: 0, weight: 1 });
+        t.weight = u64::from(weight.max(1));
+        t.deficit += entry.cost.max(1);
+        if !q.ring.contains(&entry.tenant) {
+            q.ring.push_front(entry.tenant.clone());
+        }
+        self.places.insert(entry.ticket, Place { class: key, tenant: entry.tenant.clone() });
+        t.entries.push(entry);
+    }
+
     pub fn get_mut(&mut self, ticket: u64) -> Option<&mut Entry<T>> {
         let place = self.places.get(&ticket)?;
         let t = self.classes.get_mut(&place.class)?.tenants.get_mut(&place.tenant)?;
@@ -267,6 +283,31 @@ mod tests {
         let later = t0 + Duration::from_secs(6);
         q.push(1, "standard", 1, entry(3, "a", 1, later));
         assert_eq!(q.pop_next(later, 8_192.0, 100_000).map(|e| e.ticket), Some(1), "aged past a fresh 1-token request");
+    }
+
+    #[test]
+    fn entries_put_back_after_a_pass_keep_their_turn_and_their_tenant_its_share() {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        for i in 0..4 {
+            q.push(1, "standard", 1, entry(i, "a", 1_000, now));
+            q.push(1, "standard", 1, entry(10 + i, "b", 1_000, now));
+        }
+        // A pass takes three entries and dispatches only the second.
+        let taken: Vec<Entry<()>> = (0..3).map(|_| q.pop_next(now, 0.0, 1_000).unwrap()).collect();
+        let order: Vec<&str> = taken.iter().map(|e| e.tenant.as_str()).collect();
+        assert_eq!(order, ["a", "b", "a"]);
+        let mut taken = taken.into_iter();
+        let (first, _dispatched, third) = (taken.next().unwrap(), taken.next(), taken.next().unwrap());
+        for e in [third, first] {
+            q.put_back(1, "standard", 1, e);
+        }
+        assert_eq!(q.len(), 7);
+        // Over the rest, a and b still alternate and a's two held entries come back first.
+        let rest: Vec<String> = std::iter::from_fn(|| q.pop_next(now, 0.0, 1_000).map(|e| e.tenant)).collect();
+        let a = rest.iter().filter(|t| *t == "a").count();
+        assert_eq!((a, rest.len() - a), (4, 3));
+        assert_eq!(&rest[..2], ["a", "a"], "a's refunded deficit serves its held entries first");
     }
 
     #[test]
