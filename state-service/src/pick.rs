@@ -189,7 +189,7 @@ impl Picker {
             // A continued conversation goes to its one worker whatever its load.
             Target::Workers { view, continued: 0 } if self.sched.enabled() => match self.maybe_queue(policy, req, &view, prompt) {
                 Ok(picked) => return picked,
-                Err(plan) => plan,
+                Err(plan) => *plan,
             },
             Target::Workers { view, continued } => self.plan(policy, req, view, prompt, continued),
         };

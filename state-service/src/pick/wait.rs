@@ -216,16 +216,16 @@ impl Picker {
     /// Plans the pick over every candidate, then queues it when the worker it would go to is
     /// saturated, or when picks of its model already wait (the dispatcher's next pass, woken
     /// at once, places it in its turn); else gives the plan back to be committed now.
-    pub(super) fn maybe_queue(&self, policy: Policy, req: &PickRequest, view: &ModelView, keyed: Keyed) -> Result<Picked, Plan> {
+    pub(super) fn maybe_queue(&self, policy: Policy, req: &PickRequest, view: &ModelView, keyed: Keyed) -> Result<Picked, Box<Plan>> {
         let s = &self.sched;
         let plan = self.plan(policy, req, view.clone(), keyed.clone(), 0);
-        let Plan::Chosen(chosen) = &plan else { return Err(plan) };
+        let Plan::Chosen(chosen) = &plan else { return Err(Box::new(plan)) };
         let tokens = self.config.priors.default_request_tokens;
         let id = &chosen.candidate().worker.id;
         let busy = view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, tokens));
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
         if !(busy || waiting) {
-            return Err(plan);
+            return Err(Box::new(plan));
         }
         // What it costs its tenant's share: its prefill on the best worker now.
         let cost = u64::from(chosen.uncached_tokens());
