@@ -83,6 +83,7 @@ pub async fn run_pass(
     let first_before = control.first_scheduled().await;
     let degraded_before = control.state_degraded().await;
     let answers_before = control.pick_answer().await;
+    let queue_before = control.queue_outcomes().await;
     run.arrival = match rate {
         Some(rate) => Arrival::Poisson { rate },
         None => Arrival::Timestamps,
@@ -114,8 +115,14 @@ pub async fn run_pass(
         (None, a) => a,
         _ => None,
     };
+    let mut queue = control.queue_outcomes().await;
+    for (outcome, n) in &mut queue {
+        *n -= queue_before.get(outcome).copied().unwrap_or(0.0);
+    }
+    queue.retain(|_, n| *n > 0.0);
     Ok(PassResult {
         pick_answer,
+        queue,
         policy: policy.to_string(),
         round: 1,
         rate,

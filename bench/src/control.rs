@@ -219,6 +219,17 @@ impl Control {
         sum_counters_matching(&text, &["degraded", "fallback"])
     }
 
+    /// The state service's queued-pick outcomes (`kvroute_queue_outcomes_total`) by outcome,
+    /// summed over classes and tenants (absolute).
+    pub async fn queue_outcomes(&self) -> std::collections::BTreeMap<String, f64> {
+        let text = self.get_text(&format!("{}/metrics", self.state_url)).await.unwrap_or_default();
+        let mut out = std::collections::BTreeMap::new();
+        for s in parse_series(&text).into_iter().filter(|s| s.name == "kvroute_queue_outcomes_total") {
+            *out.entry(s.label("outcome").unwrap_or("").to_string()).or_insert(0.0) += s.value;
+        }
+        out
+    }
+
     /// The state service's pick answer-time histogram (`kvroute_pick_answer_seconds`),
     /// cumulative; `None` when it exposes none.
     pub async fn pick_answer(&self) -> Option<Buckets> {

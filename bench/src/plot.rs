@@ -218,6 +218,7 @@ mod tests {
                 promised: None,
                 state_degraded: None,
                 pick_answer: None,
+                queue: Default::default(),
                 samples,
             }
         };

@@ -58,6 +58,10 @@ pub struct PassResult {
     /// The state service's pick answer times over the pass (tokenizing included).
     #[serde(default)]
     pub pick_answer: Option<Buckets>,
+    /// The state service's queued picks over the pass by outcome (`dispatched`,
+    /// `shed_deadline`, ...; `kvroute_queue_outcomes_total`); empty when none queued.
+    #[serde(default)]
+    pub queue: std::collections::BTreeMap<String, f64>,
     pub samples: Vec<Sample>,
 }
 
@@ -193,6 +197,11 @@ fn footer(report: &RunReport) -> Vec<String> {
         }
     }
     out.extend(per_class(report));
+    let rounds = report.passes.iter().any(|p| p.round > 1);
+    for p in report.passes.iter().filter(|p| !p.queue.is_empty()) {
+        let outcomes: Vec<String> = p.queue.iter().map(|(o, n)| format!("{o} {n}")).collect();
+        out.push(format!("{} queued picks: {}", p.name(rounds), outcomes.join(", ")));
+    }
     out
 }
 
@@ -286,6 +295,7 @@ mod tests {
             promised: None,
             state_degraded: None,
             pick_answer: None,
+            queue: Default::default(),
             samples,
         }
     }

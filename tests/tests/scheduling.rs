@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 /// at the prior cost) waits there. Tenants map to classes; `late` is served after `batch` and
 /// waits at most 300 ms.
 fn options() -> StackOptions {
-    let tables = r#"
+    StackOptions { workers: 1, plugin: plugin(), state: StateToml { tables: TABLES.into(), ..StateToml::default() }, ..StackOptions::default() }
+}
+
+const TABLES: &str = r#"
 [scheduling]
 enabled = true
 saturation_wait_ms = 50.0
@@ -55,19 +58,24 @@ class = "sheddable"
 [scheduling.tenants.late]
 class = "late"
 "#;
-    // A pick timeout below the service's hold (as in production: 50 ms against 500): the first
-    // call of a queued pick is answered "queued" within it, never timed out.
-    let plugin = json!({
+
+/// A pick timeout below the service's hold (as in production: 50 ms against 500): the first
+/// call of a queued pick is answered "queued" within it, never timed out.
+fn plugin() -> Value {
+    json!({
         "pick_timeout_ms": 200,
         "identity": { "sources": [{ "header": { "name": "x-tenant", "trusted_sources": ["127.0.0.1/32"] } }] }
-    });
-    StackOptions { workers: 1, plugin, state: StateToml { tables: tables.into(), ..StateToml::default() }, ..StackOptions::default() }
+    })
 }
 
 /// Sends one 2,000-token completion as `tenant`; its status, `Retry-After`, body and when it
 /// finished.
 async fn send(s: &Stack, tenant: &str, seed: u32) -> Result<(u16, String, Value, Instant)> {
-    let r = s.client.post(s.url("/v1/completions")).header("x-tenant", tenant).json(&completion(MODEL, &tokens(seed, 2_000), 4, false)).send().await?;
+    send_to(&s.client, &s.url("/v1/completions"), tenant, seed).await
+}
+
+async fn send_to(client: &reqwest::Client, url: &str, tenant: &str, seed: u32) -> Result<(u16, String, Value, Instant)> {
+    let r = client.post(url).header("x-tenant", tenant).json(&completion(MODEL, &tokens(seed, 2_000), 4, false)).send().await?;
     let (status, retry) = (r.status().as_u16(), header(&r, "retry-after"));
     let body: Value = r.json().await.unwrap_or(Value::Null);
     Ok((status, retry, body, Instant::now()))
@@ -177,5 +185,56 @@ async fn a_frozen_state_service_costs_its_queued_picks_a_fallback_not_their_wait
     assert!(timeouts >= 5, "the queued picks fell back: {timeouts}");
     let worker = s.worker_view(0).await?;
     println!("worker 0 after: {}", worker["load"]);
+    Ok(())
+}
+
+/// Two replicas on Redis behind one Envoy (its state cluster holds both): picks queue on
+/// both; one replica is killed while it holds queued picks. Each of them is then asked for
+/// again on the other replica (the filter's next call carries its ticket and how long it
+/// waited) and dispatched there, or fails open: every request is served, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_while_holding_queued_picks_loses_none() -> Result<()> {
+    use kvroute_e2e::envoy::{Envoy, EnvoyExtra, EnvoyOptions, Mode};
+    use kvroute_e2e::replicas::{ReplicaOptions, ReplicaStack};
+    let mut s = ReplicaStack::start(ReplicaOptions {
+        workers: 1,
+        replicas: 2,
+        shards: 1,
+        time_scale: 0.2,
+        scrape_metrics: true,
+        tables: TABLES.into(),
+        plugin: plugin(),
+    })
+    .await?;
+    let both = EnvoyExtra { more_state_ports: vec![s.replicas[1].port], ..EnvoyExtra::default() };
+    let options = EnvoyOptions { mode: Mode::Endpoint, worker_ports: vec![s.http_base], state_port: s.replicas[0].port, plugin: plugin() };
+    let envoy = std::sync::Arc::new(Envoy::start_with(options, both).await?);
+    let client = s.client.clone();
+    let n = 12u32;
+    let sent: Vec<_> = (0..n)
+        .map(|i| {
+            let (client, url) = (client.clone(), envoy.url("/v1/completions"));
+            tokio::spawn(async move { send_to(&client, &url, "bulk", 600 + i).await })
+        })
+        .collect();
+    wait_for("picks queued on replica 0", Duration::from_secs(20), || async {
+        (s.metric(0, "kvroute_queue_depth", "").await.ok()? >= 2.0).then_some(())
+    })
+    .await?;
+    let held = s.metric(0, "kvroute_queue_depth", "").await?;
+    s.replicas[0].state.kill();
+    for h in sent {
+        let (status, _, body, _) = h.await??;
+        assert_eq!(status, 200, "{body}\n{}", s.log_tails());
+    }
+    let dispatched = s.metric(1, "kvroute_queue_outcomes_total", "outcome=\"dispatched\"").await?;
+    let unavailable = envoy.counter("kvroute_fallback_pick_unavailable").await.unwrap_or(0);
+    let timeouts = envoy.counter("kvroute_fallback_pick_timeout").await.unwrap_or(0);
+    println!("replica 0 held {held} queued picks when killed; replica 1 dispatched {dispatched} in all; fell back: {unavailable} unavailable, {timeouts} timed out");
+    assert!(dispatched >= 1.0, "replica 1 dispatched none of the picks replica 0 held");
+    // Served once each: the worker finished as many requests as were sent.
+    let served = s.client.get(s.worker_url(0, "/metrics")).send().await?.text().await?;
+    let finished = kvroute_e2e::stack::metric_sum(&served, "vllm:request_success_total", "");
+    assert_eq!(finished, f64::from(n), "each request served exactly once");
     Ok(())
 }

@@ -6,6 +6,11 @@
 //!   budget (A's excess answered 429 by the filter before any worker); B while A floods with
 //!   its budget lifted at runtime (what the fleet would suffer without budgets). B's TTFT
 //!   p50/p99 per phase, A's admitted and rejected counts.
+//! - `fair_shares_without_budgets`: the same tenants and rates with no budget at all and the
+//!   state service's queue on (`[scheduling]`, both tenants weight 1): A's flood waits in the
+//!   router, and the queue's fair shares (deficit round robin on prefill tokens) keep B's
+//!   requests moving. B's TTFT p50/p99 alone and beside A; A's requests served, shed at the
+//!   queue deadline (503), other.
 //! - `shared_budget_two_replicas`: two replicas on three Redis shards, one tenant budget,
 //!   concurrent picks spread over both replicas well past the budget; the tokens admitted within
 //!   the window against the budget (one shared budget: 1.0x; per-replica budgets would be 2x).
@@ -38,6 +43,8 @@ struct Tally {
     ttft_ms: Vec<f64>,
     ok: u64,
     rejected: u64,
+    /// 503: shed by the state service's queue.
+    shed: u64,
     other: u64,
 }
 
@@ -64,6 +71,7 @@ async fn one(client: reqwest::Client, url: String, key: &'static str, seed: u32,
             }
         }
         429 => tally.lock().await.rejected += 1,
+        503 => tally.lock().await.shed += 1,
         _ => tally.lock().await.other += 1,
     }
 }
@@ -138,6 +146,39 @@ async fn noisy_neighbour() -> Result<()> {
     }
     let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
     for line in metrics.lines().filter(|l| l.starts_with("kvroute_tenant_requests_total")) {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures"]
+async fn fair_shares_without_budgets() -> Result<()> {
+    const A: &str = "sk-tenant-a-0123456789";
+    const B: &str = "sk-tenant-b-0123456789";
+    const DEADLINE_MS: u64 = 20_000;
+    let plugin = json!({
+        "identity": { "sources": [ { "api_key": { "keys": { format!("sha256:{}", sha(A)): "team-a", format!("sha256:{}", sha(B)): "team-b" } } } ] }
+    });
+    let tables = format!(
+        "\n[tenancy]\nmetrics_tenants = [\"team-a\", \"team-b\"]\n[scheduling]\nenabled = true\n[scheduling.classes.standard]\norder = 1\nqueue_deadline_ms = {DEADLINE_MS}\n"
+    );
+    let state = StateToml { tables, ..StateToml::default() };
+    let stack = Stack::start(StackOptions { plugin, state, workers: 2, time_scale: 1.0, ..StackOptions::default() }).await?;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
+    let url = stack.envoy().url("/v1/completions");
+    // The noisy neighbour's rates: a share is half of what the two sims serve.
+    let share = BUDGET as f64 / ((PROMPT as f64) + f64::from(OUTPUT)) / 60.0;
+    let (b_rate, a_rate, secs) = (share / 2.0, share * 5.0, 30.0);
+    println!("no budgets, [scheduling] on (defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase; 2 sims");
+    let mut alone = drive(&client, &url, B, b_rate, secs, 110_000).await;
+    println!("B alone:        TTFT p50 {:7.1} ms  p99 {:7.1} ms  ({} ok, {} shed)", pct(&mut alone.ttft_ms, 0.5), pct(&mut alone.ttft_ms, 0.99), alone.ok, alone.shed);
+    let (mut b, a) = tokio::join!(drive(&client, &url, B, b_rate, secs, 120_000), drive(&client, &url, A, a_rate, secs, 150_000));
+    let (b50, b99) = (pct(&mut b.ttft_ms, 0.5), pct(&mut b.ttft_ms, 0.99));
+    println!("B + A flooding: TTFT p50 {b50:7.1} ms  p99 {b99:7.1} ms  ({} ok, {} shed); B's p99 {:.2}x alone", b.ok, b.shed, b99 / pct(&mut alone.ttft_ms, 0.99));
+    println!("A: {} served, {} shed at its deadline, {} other", a.ok, a.shed, a.other);
+    let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
+    for line in metrics.lines().filter(|l| l.starts_with("kvroute_queue_outcomes_total")) {
         println!("  {line}");
     }
     Ok(())
