@@ -46,6 +46,16 @@ pub struct SchedulingConfig {
     pub saturation_wait_ms: f64,
     /// ... or when its KV cache is at least this full (0..1, scraped `kv_cache_usage_perc`).
     pub max_kv_usage: f64,
+    /// ... or our picks there that lack a first token hold this many uncached prompt tokens
+    /// (0: off; Dynamo's router queue: its threshold fraction x `max_num_batched_tokens`).
+    pub max_unstarted_tokens: u64,
+    /// When a pick waits: `best_saturated` (the worker the policy picks for it, over all its
+    /// candidates, is saturated) or `all_saturated` (every candidate is; the rule of llm-d's
+    /// flow control and of Dynamo's router queue, kept to compare with them).
+    pub wait_when: WaitWhen,
+    /// The order within a tenant: `shortest_first` (predicted prefill, aged by
+    /// `aging_tokens_per_s`) or `fifo` (arrival; llm-d's and Dynamo's order).
+    pub order: Order,
     /// How long one call of the proxy is held waiting for a decision (ms): also the most a
     /// replica that dies holding a queued pick can cost it before the proxy falls back.
     pub wait_ms: u32,
@@ -64,6 +74,22 @@ pub struct SchedulingConfig {
     pub classes: BTreeMap<String, ClassConfig>,
     /// Tenant -> its class and fair-share weight.
     pub tenants: BTreeMap<String, TenantSchedule>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitWhen {
+    #[default]
+    BestSaturated,
+    AllSaturated,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    #[default]
+    ShortestFirst,
+    Fifo,
 }
 
 /// One service class.
@@ -107,6 +133,9 @@ impl Default for SchedulingConfig {
             max_unstarted: 2,
             saturation_wait_ms: 0.0,
             max_kv_usage: 0.97,
+            max_unstarted_tokens: 0,
+            wait_when: WaitWhen::BestSaturated,
+            order: Order::ShortestFirst,
             wait_ms: 500,
             unclaimed_ms: 2_000,
             aging_tokens_per_s: 8_192.0,
@@ -142,7 +171,7 @@ impl SchedulingConfig {
         if self.wait_ms == 0 || self.quantum_tokens == 0 || self.max_queued == 0 {
             out.push("scheduling.wait_ms, quantum_tokens and max_queued must be positive".into());
         }
-        if self.max_engine_waiting == 0 && self.max_unstarted == 0 && self.saturation_wait_ms == 0.0 && self.max_kv_usage >= 1.0 {
+        if self.max_engine_waiting == 0 && self.max_unstarted == 0 && self.max_unstarted_tokens == 0 && self.saturation_wait_ms == 0.0 && self.max_kv_usage >= 1.0 {
             out.push("scheduling: every saturation bound is off, so nothing would ever wait".into());
         }
         if !(self.saturation_wait_ms >= 0.0 && self.aging_tokens_per_s >= 0.0 && self.max_kv_usage > 0.0) {
@@ -160,6 +189,15 @@ impl SchedulingConfig {
         match self.tenants.get(tenant) {
             Some(t) if !t.class.is_empty() => &t.class,
             _ => &self.default_class,
+        }
+    }
+
+    /// The aging rate the queue orders a tenant's picks by: FIFO is infinite aging (the
+    /// oldest first, whatever its cost).
+    pub fn aging_per_s(&self) -> f64 {
+        match self.order {
+            Order::ShortestFirst => self.aging_tokens_per_s,
+            Order::Fifo => f64::INFINITY,
         }
     }
 

@@ -12,7 +12,7 @@ use super::{rejected, Picker};
 use crate::assign::AssignmentId;
 use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
-use crate::sched::SchedulingConfig;
+use crate::sched::{SchedulingConfig, WaitWhen};
 use kvroute_core::wire::{BudgetLimit, PickRequest, PickResponse, QueuedPick, Rejection};
 use kvroute_score::Policy;
 use parking_lot::Mutex;
@@ -175,6 +175,7 @@ impl Scheduler {
         };
         at(c.max_engine_waiting, w.load.waiting)
             || at(c.max_unstarted, w.pending.waiting)
+            || (c.max_unstarted_tokens > 0 && w.pending.waiting_tokens >= c.max_unstarted_tokens)
             || w.load.kv_usage >= c.max_kv_usage
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
@@ -222,7 +223,10 @@ impl Picker {
         let Plan::Chosen(chosen) = &plan else { return Err(Box::new(plan)) };
         let tokens = self.config.priors.default_request_tokens;
         let id = &chosen.candidate().worker.id;
-        let busy = view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, tokens));
+        let busy = match s.config.wait_when {
+            WaitWhen::BestSaturated => view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, tokens)),
+            WaitWhen::AllSaturated => view.workers.iter().all(|w| s.saturated(w, tokens)),
+        };
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
         if !(busy || waiting) {
             return Err(Box::new(plan));
@@ -327,14 +331,29 @@ impl Picker {
         }
         let (mut held, mut dispatched) = (Vec::new(), 0usize);
         while held.len() + dispatched < MAX_SCAN && room(&view) {
-            let next = s.inner.lock().queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), s.config.aging_tokens_per_s, s.config.quantum_tokens));
+            let next = s.inner.lock().queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), s.config.aging_per_s(), s.config.quantum_tokens));
             let Some(entry) = next else { break };
             let job = &entry.job;
-            let plan = self.plan(job.policy, &job.req, self.in_pool(&job.req, view.clone()), job.keyed.clone(), 0);
+            let mut candidates = self.in_pool(&job.req, view.clone());
+            let hold = match s.config.wait_when {
+                WaitWhen::BestSaturated => true,
+                // The peers' rule: the first in line goes to the best worker with room (one of
+                // its pool's; it waits while its pool has none).
+                WaitWhen::AllSaturated => {
+                    let pooled = !candidates.workers.is_empty();
+                    candidates.workers.retain(|w| !s.saturated(w, tokens));
+                    if pooled && candidates.workers.is_empty() {
+                        held.push(entry);
+                        continue;
+                    }
+                    false
+                }
+            };
+            let plan = self.plan(job.policy, &job.req, candidates, job.keyed.clone(), 0);
             if let Plan::Chosen(chosen) = &plan {
                 let id = &chosen.candidate().worker.id;
                 if let Some(w) = view.workers.iter_mut().find(|w| w.entry.id == *id) {
-                    let busy = s.saturated(w, tokens);
+                    let busy = hold && s.saturated(w, tokens);
                     placed(w, chosen.uncached_tokens());
                     if busy {
                         held.push(entry);

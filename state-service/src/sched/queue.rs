@@ -28,8 +28,12 @@ struct TenantQueue<T> {
 }
 
 impl<T> TenantQueue<T> {
-    /// The entry to serve next: least cost after aging (ties: the older).
+    /// The entry to serve next: least cost after aging (ties: the older); infinite aging is
+    /// first in, first out.
     fn best(&self, now: Instant, aging_per_s: f64) -> usize {
+        if aging_per_s.is_infinite() {
+            return (0..self.entries.len()).min_by_key(|&i| self.entries[i].since).unwrap_or(0);
+        }
         let score = |e: &Entry<T>| e.cost as f64 - aging_per_s * now.saturating_duration_since(e.since).as_secs_f64();
         let mut best = 0;
         for (i, e) in self.entries.iter().enumerate().skip(1) {
@@ -282,7 +286,12 @@ mod tests {
         // overtaken by shorter ones for at most c / 8,192 s.
         let later = t0 + Duration::from_secs(6);
         q.push(1, "standard", 1, entry(3, "a", 1, later));
+        q.push(1, "standard", 1, entry(4, "a", 2, later + Duration::from_millis(10)));
         assert_eq!(q.pop_next(later, 8_192.0, 100_000).map(|e| e.ticket), Some(1), "aged past a fresh 1-token request");
+        // Infinite aging is first in, first out.
+        q.push(1, "standard", 1, entry(5, "a", 1, later + Duration::from_secs(1)));
+        assert_eq!(q.pop_next(later, f64::INFINITY, 100_000).map(|e| e.ticket), Some(3));
+        assert_eq!(q.pop_next(later, f64::INFINITY, 100_000).map(|e| e.ticket), Some(4));
     }
 
     #[test]
