@@ -84,6 +84,7 @@ pub async fn run_pass(
     let degraded_before = control.state_degraded().await;
     let answers_before = control.pick_answer().await;
     let queue_before = control.queue_outcomes().await;
+    let waits_before = control.queue_waits().await;
     run.arrival = match rate {
         Some(rate) => Arrival::Poisson { rate },
         None => Arrival::Timestamps,
@@ -120,9 +121,17 @@ pub async fn run_pass(
         *n -= queue_before.get(outcome).copied().unwrap_or(0.0);
     }
     queue.retain(|_, n| *n > 0.0);
+    let mut queue_wait = control.queue_waits().await;
+    for (class, b) in &mut queue_wait {
+        if let Some(before) = waits_before.get(class) {
+            *b = b.since(before);
+        }
+    }
+    queue_wait.retain(|_, b| b.bound().is_some());
     Ok(PassResult {
         pick_answer,
         queue,
+        queue_wait,
         policy: policy.to_string(),
         round: 1,
         rate,

@@ -38,9 +38,15 @@ pub fn sum_metric_where(text: &str, name: &str, key: &str, value: &str) -> Optio
 
 /// A histogram family's cumulative buckets, summed over its label sets; `None` without any.
 pub fn histogram(text: &str, name: &str) -> Option<Buckets> {
+    histogram_where(text, name, None)
+}
+
+/// [`histogram`] over the label sets whose label `key` is `value` (`where_`).
+pub fn histogram_where(text: &str, name: &str, where_: Option<(&str, &str)>) -> Option<Buckets> {
     let bucket = format!("{name}_bucket");
     let mut by_le: Vec<(f64, f64)> = Vec::new();
-    for s in parse_series(text).into_iter().filter(|s| s.name == bucket) {
+    let wanted = |s: &Series| s.name == bucket && where_.is_none_or(|(k, v)| s.label(k) == Some(v));
+    for s in parse_series(text).into_iter().filter(wanted) {
         let le = match s.label("le") {
             Some("+Inf") => f64::INFINITY,
             Some(v) => v.parse().ok()?,
@@ -228,6 +234,16 @@ impl Control {
             *out.entry(s.label("outcome").unwrap_or("").to_string()).or_insert(0.0) += s.value;
         }
         out
+    }
+
+    /// The state service's queue waits of dispatched picks (`kvroute_queue_wait_seconds`) by
+    /// service class (cumulative).
+    pub async fn queue_waits(&self) -> std::collections::BTreeMap<String, Buckets> {
+        let text = self.get_text(&format!("{}/metrics", self.state_url)).await.unwrap_or_default();
+        let name = "kvroute_queue_wait_seconds";
+        let classes: std::collections::BTreeSet<String> =
+            parse_series(&text).into_iter().filter(|s| s.name == format!("{name}_bucket")).filter_map(|s| s.label("class").map(str::to_string)).collect();
+        classes.into_iter().filter_map(|c| histogram_where(&text, name, Some(("class", &c))).map(|b| (c, b))).collect()
     }
 
     /// The state service's pick answer-time histogram (`kvroute_pick_answer_seconds`),

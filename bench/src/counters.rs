@@ -49,6 +49,13 @@ impl Buckets {
         Buckets(self.0.iter().zip(&before.0).map(|((le, a), (_, b))| (*le, a - b)).collect())
     }
 
+    /// The upper bound of the first bucket that holds every observation: what none exceeded
+    /// (`inf` when some fell in the open last bucket); `None` when empty.
+    pub fn bound(&self) -> Option<f64> {
+        let total = self.0.last()?.1;
+        (total > 0.0).then(|| self.0.iter().find(|(_, count)| *count >= total).map_or(f64::INFINITY, |(le, _)| *le))
+    }
+
     /// The `q` quantile (0..=1), interpolated linearly inside its bucket; `None` when empty
     /// or when it falls in the open last bucket.
     pub fn quantile(&self, q: f64) -> Option<f64> {
@@ -86,5 +93,8 @@ mod tests {
         let before = Buckets(vec![(0.001, 0.0), (0.002, 50.0), (0.004, 50.0), (f64::INFINITY, 50.0)]);
         assert_eq!(b.since(&before).quantile(0.5).map(|v| (v * 1e6).round()), Some(3020.0));
         assert_eq!(Buckets::default().quantile(0.5), None);
+        assert_eq!(b.bound(), Some(f64::INFINITY));
+        assert_eq!(Buckets(vec![(0.001, 1.0), (0.002, 3.0), (f64::INFINITY, 3.0)]).bound(), Some(0.002));
+        assert_eq!(Buckets::default().bound(), None);
     }
 }

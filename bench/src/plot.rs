@@ -219,6 +219,7 @@ mod tests {
                 state_degraded: None,
                 pick_answer: None,
                 queue: Default::default(),
+                queue_wait: Default::default(),
                 samples,
             }
         };

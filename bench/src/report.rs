@@ -62,6 +62,9 @@ pub struct PassResult {
     /// `shed_deadline`, ...; `kvroute_queue_outcomes_total`); empty when none queued.
     #[serde(default)]
     pub queue: std::collections::BTreeMap<String, f64>,
+    /// Their waits in the queue by class (dispatched picks; histogram delta over the pass).
+    #[serde(default)]
+    pub queue_wait: std::collections::BTreeMap<String, Buckets>,
     pub samples: Vec<Sample>,
 }
 
@@ -201,6 +204,16 @@ fn footer(report: &RunReport) -> Vec<String> {
     for p in report.passes.iter().filter(|p| !p.queue.is_empty()) {
         let outcomes: Vec<String> = p.queue.iter().map(|(o, n)| format!("{o} {n}")).collect();
         out.push(format!("{} queued picks: {}", p.name(rounds), outcomes.join(", ")));
+        for (class, b) in &p.queue_wait {
+            let f = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
+            out.push(format!(
+                "{} class {class}: queue wait p50 {} s, p99 {} s, none over {} s (real s; histogram bound)",
+                p.name(rounds),
+                f(b.quantile(0.5)),
+                f(b.quantile(0.99)),
+                f(b.bound())
+            ));
+        }
     }
     out
 }
@@ -296,6 +309,7 @@ mod tests {
             state_degraded: None,
             pick_answer: None,
             queue: Default::default(),
+            queue_wait: Default::default(),
             samples,
         }
     }

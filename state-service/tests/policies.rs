@@ -304,4 +304,20 @@ async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
     state.picker.dispatch_once().await;
     let warm = warm_wait.decision().await;
     assert_eq!((warm.worker_id.as_str(), warm.matched_blocks), ("a", 500), "bound to a once it has room, with its prefix");
+
+    // The peers' rule (llm-d's flow control, Dynamo's router queue): nothing waits while any
+    // worker has room, so the warm pick joins a's engine queue at once.
+    let all = |c: &mut kvroute_state::config::Config| {
+        c.scheduling.enabled = true;
+        c.scheduling.wait_when = kvroute_state::sched::WaitWhen::AllSaturated;
+    };
+    let (state, index) = state_with(vec![worker("a"), worker("b")], all);
+    let warm = tokens(0..8200);
+    store(&index, 0, &warm[..8000], None);
+    set_load(&state, "a", 4, 1);
+    set_load(&state, "b", 0, 0);
+    let kvroute_state::pick::Picked::Decided(now) = state.picker.pick_or_queue(&named(3, &warm), Deadline::default()).await else {
+        panic!("b has room: nothing waits");
+    };
+    assert_eq!(now.worker_id, "a");
 }

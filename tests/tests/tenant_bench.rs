@@ -10,7 +10,8 @@
 //!   state service's queue on (`[scheduling]`, both tenants weight 1): A's flood waits in the
 //!   router, and the queue's fair shares (deficit round robin on prefill tokens) keep B's
 //!   requests moving. B's TTFT p50/p99 alone and beside A; A's requests served, shed at the
-//!   queue deadline (503), other.
+//!   queue deadline (503), other. `KVROUTE_BENCH_SCHEDULING="max_unstarted = 1; ..."` sets
+//!   more of `[scheduling]`.
 //! - `shared_budget_two_replicas`: two replicas on three Redis shards, one tenant budget,
 //!   concurrent picks spread over both replicas well past the budget; the tokens admitted within
 //!   the window against the budget (one shared budget: 1.0x; per-replica budgets would be 2x).
@@ -160,8 +161,10 @@ async fn fair_shares_without_budgets() -> Result<()> {
     let plugin = json!({
         "identity": { "sources": [ { "api_key": { "keys": { format!("sha256:{}", sha(A)): "team-a", format!("sha256:{}", sha(B)): "team-b" } } } ] }
     });
+    // More `[scheduling]` settings from the environment, one `key = value` per line.
+    let extra = std::env::var("KVROUTE_BENCH_SCHEDULING").unwrap_or_default().replace(';', "\n");
     let tables = format!(
-        "\n[tenancy]\nmetrics_tenants = [\"team-a\", \"team-b\"]\n[scheduling]\nenabled = true\n[scheduling.classes.standard]\norder = 1\nqueue_deadline_ms = {DEADLINE_MS}\n"
+        "\n[tenancy]\nmetrics_tenants = [\"team-a\", \"team-b\"]\n[scheduling]\nenabled = true\n{extra}\n[scheduling.classes.standard]\norder = 1\nqueue_deadline_ms = {DEADLINE_MS}\n"
     );
     let state = StateToml { tables, ..StateToml::default() };
     let stack = Stack::start(StackOptions { plugin, state, workers: 2, time_scale: 1.0, ..StackOptions::default() }).await?;
@@ -170,7 +173,7 @@ async fn fair_shares_without_budgets() -> Result<()> {
     // The noisy neighbour's rates: a share is half of what the two sims serve.
     let share = BUDGET as f64 / ((PROMPT as f64) + f64::from(OUTPUT)) / 60.0;
     let (b_rate, a_rate, secs) = (share / 2.0, share * 5.0, 30.0);
-    println!("no budgets, [scheduling] on (defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase; 2 sims");
+    println!("no budgets, [scheduling] on ({extra:?} over the defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase; 2 sims");
     let mut alone = drive(&client, &url, B, b_rate, secs, 110_000).await;
     println!("B alone:        TTFT p50 {:7.1} ms  p99 {:7.1} ms  ({} ok, {} shed)", pct(&mut alone.ttft_ms, 0.5), pct(&mut alone.ttft_ms, 0.99), alone.ok, alone.shed);
     let (mut b, a) = tokio::join!(drive(&client, &url, B, b_rate, secs, 120_000), drive(&client, &url, A, a_rate, secs, 150_000));

@@ -3,7 +3,9 @@
 //! Order: classes by `(order, name)`; within a class, deficit round robin over tenants, each
 //! visit adding `quantum x weight` prefill tokens to the tenant's deficit and serving while
 //! the deficit covers its next request's cost (a tenant that empties loses its deficit, as in
-//! DRR); within a tenant, the smallest `cost - aging x seconds waited` first.
+//! DRR, and one that had nothing queued joins the ring at its front, so a tenant sending below
+//! its share is served at the next dispatch); within a tenant, the smallest
+//! `cost - aging x seconds waited` first.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -25,6 +27,8 @@ struct TenantQueue<T> {
     entries: Vec<Entry<T>>,
     deficit: u64,
     weight: u64,
+    /// Its turn in the ring has begun (its quantum added).
+    in_turn: bool,
 }
 
 impl<T> TenantQueue<T> {
@@ -71,6 +75,12 @@ impl<T> ClassQueue<T> {
                 self.ring.pop_front();
                 continue;
             }
+            // Its turn begins with its quantum; it serves while the deficit lasts, then the
+            // next tenant's turn begins.
+            if !t.in_turn {
+                t.in_turn = true;
+                t.deficit += quantum.max(1) * t.weight;
+            }
             let i = t.best(now, aging_per_s);
             let cost = t.entries[i].cost.max(1);
             if t.deficit >= cost {
@@ -82,7 +92,7 @@ impl<T> ClassQueue<T> {
                 }
                 return Some(e);
             }
-            t.deficit += quantum.max(1) * t.weight;
+            t.in_turn = false;
             self.ring.rotate_left(1);
         }
     }
@@ -140,10 +150,13 @@ impl<T> Queue<T> {
         self.remove(entry.ticket);
         let key = (order, class.to_string());
         let q = self.classes.entry(key.clone()).or_default();
-        let t = q.tenants.entry(entry.tenant.clone()).or_insert_with(|| TenantQueue { entries: Vec::new(), deficit: 0, weight: 1 });
+        let t = q.tenants.entry(entry.tenant.clone()).or_insert_with(|| TenantQueue { entries: Vec::new(), deficit: 0, weight: 1, in_turn: false });
         t.weight = u64::from(weight.max(1));
         if t.entries.is_empty() && !q.ring.contains(&entry.tenant) {
-            q.ring.push_back(entry.tenant.clone());
+            // A tenant with nothing queued is served next, as a sparse flow in FQ-CoDel: a
+            // tenant below its share waits for no other's quantum, only for capacity. One
+            // that keeps a backlog never comes back to the front this way.
+            q.ring.push_front(entry.tenant.clone());
         }
         self.places.insert(entry.ticket, Place { class: key, tenant: entry.tenant.clone() });
         t.entries.push(entry);
@@ -155,7 +168,8 @@ impl<T> Queue<T> {
     pub fn put_back(&mut self, order: u32, class: &str, weight: u32, entry: Entry<T>) {
         let key = (order, class.to_string());
         let q = self.classes.entry(key.clone()).or_default();
-        let t = q.tenants.entry(entry.tenant.clone()).or_insert_with(|| TenantQueue { entries: Vec::new(), deficit: 0, weight: 1 });
+        // A tenant the pass emptied was in its turn (its quantum spent on what comes back).
+        let t = q.tenants.entry(entry.tenant.clone()).or_insert_with(|| TenantQueue { entries: Vec::new(), deficit: 0, weight: 1, in_turn: true });
         t.weight = u64::from(weight.max(1));
         t.deficit += entry.cost.max(1);
         if !q.ring.contains(&entry.tenant) {
@@ -273,6 +287,23 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_with_nothing_queued_is_served_next_not_after_the_backlog_s_quantum() {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        for i in 0..20 {
+            q.push(1, "standard", 1, entry(i, "a", 1_000, now));
+        }
+        // a is being served with a quantum worth 8 of its requests.
+        assert_eq!(q.pop_next(now, 0.0, 8_000).map(|e| e.tenant), Some("a".to_string()));
+        q.push(1, "standard", 1, entry(100, "b", 1_000, now));
+        assert_eq!(q.pop_next(now, 0.0, 8_000).map(|e| e.ticket), Some(100));
+        // Then a's backlog again, and b, sending again, is next again.
+        assert_eq!(q.pop_next(now, 0.0, 8_000).map(|e| e.tenant), Some("a".to_string()));
+        q.push(1, "standard", 1, entry(101, "b", 1_000, now));
+        assert_eq!(q.pop_next(now, 0.0, 8_000).map(|e| e.ticket), Some(101));
+    }
+
+    #[test]
     fn shortest_first_within_a_tenant_with_aging_bounding_the_wait() {
         let t0 = Instant::now();
         let mut q = Queue::default();
@@ -299,8 +330,10 @@ mod tests {
         let now = Instant::now();
         let mut q = Queue::default();
         for i in 0..4 {
-            q.push(1, "standard", 1, entry(i, "a", 1_000, now));
             q.push(1, "standard", 1, entry(10 + i, "b", 1_000, now));
+        }
+        for i in 0..4 {
+            q.push(1, "standard", 1, entry(i, "a", 1_000, now));
         }
         // A pass takes three entries and dispatches only the second.
         let taken: Vec<Entry<()>> = (0..3).map(|_| q.pop_next(now, 0.0, 1_000).unwrap()).collect();
