@@ -117,8 +117,10 @@ impl Waiting {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ClassLabels {
+struct QueueLabels {
     class: String,
+    /// Allowlisted (`tenancy.metrics_tenants`), else `other` / `none`.
+    tenant: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -132,8 +134,8 @@ struct OutcomeLabels {
 }
 
 struct SchedMetrics {
-    depth: Family<ClassLabels, Gauge>,
-    wait: Family<ClassLabels, Histogram>,
+    depth: Family<QueueLabels, Gauge>,
+    wait: Family<QueueLabels, Histogram>,
     outcomes: Family<OutcomeLabels, Counter>,
 }
 
@@ -151,8 +153,8 @@ impl Scheduler {
             wait: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16))),
             outcomes: Family::default(),
         };
-        registry.register("queue_depth", "Picks waiting in the state service's queue, by service class", metrics.depth.clone());
-        registry.register("queue_wait_seconds", "How long dispatched picks waited in the queue, by service class", metrics.wait.clone());
+        registry.register("queue_depth", "Picks waiting in the state service's queue, by service class and tenant (allowlisted)", metrics.depth.clone());
+        registry.register("queue_wait_seconds", "How long dispatched picks waited in the queue, by service class and tenant (allowlisted)", metrics.wait.clone());
         registry.register(
             "queue_outcomes",
             "Queued picks by class, tenant (allowlisted) and outcome (dispatched, shed_deadline, shed_at_once, shed_full, forsaken, unclaimed)",
@@ -180,8 +182,8 @@ impl Scheduler {
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
 
-    fn depth_changed(&self, class: &str, by: i64) {
-        self.metrics.depth.get_or_create(&ClassLabels { class: class.into() }).inc_by(by);
+    fn depth_changed(&self, class: &str, tenant_label: &str, by: i64) {
+        self.metrics.depth.get_or_create(&QueueLabels { class: class.into(), tenant: tenant_label.into() }).inc_by(by);
     }
 }
 
@@ -242,6 +244,10 @@ impl Picker {
             Picked::Decided(rejected(policy, queue_rejection(why)))
         };
         if class_config.queue_deadline_ms == 0 {
+            if !busy {
+                // It never waits, and its worker has room.
+                return Err(Box::new(plan));
+            }
             return Ok(shed("shed_at_once", format!("the workers of {} that could serve it are saturated and class {class} does not wait", req.model)));
         }
         let now = Instant::now();
@@ -268,7 +274,7 @@ impl Picker {
             q.push(class_config.order, &class, s.config.weight_of(&req.tenant), entry);
             ahead
         };
-        s.depth_changed(&class, 1);
+        s.depth_changed(&class, &tenant_label, 1);
         s.wake.notify_one();
         tracing::debug!(request_id = %req.request_id, model = %req.model, class = %class, ticket, ahead, busy, "pick queued");
         Ok(Picked::Queued(Waiting { ticket, ahead, rx, wait: Duration::from_millis(u64::from(s.config.wait_ms)) }))
@@ -371,10 +377,15 @@ impl Picker {
             inner.idle_pass.remove(model);
         }
         let q = inner.queues.entry(model.to_string()).or_default();
+        let mut stale = Vec::new();
         for e in held.into_iter().rev() {
             let order = s.config.classes.get(&e.job.class).map_or(0, |c| c.order);
             let (class, weight) = (e.job.class.clone(), s.config.weight_of(&e.tenant));
-            q.put_back(order, &class, weight, e);
+            stale.extend(q.put_back(order, &class, weight, e));
+        }
+        drop(inner);
+        for e in stale {
+            s.depth_changed(&e.job.class, &self.tenants.label(&e.tenant), -1);
         }
     }
 
@@ -382,14 +393,15 @@ impl Picker {
         let s = &self.sched;
         let Entry { ticket, tenant, since, job, .. } = entry;
         let Job { req, policy, class, waiter, .. } = job;
-        s.depth_changed(&class, -1);
+        let tenant = self.tenants.label(&tenant);
+        s.depth_changed(&class, &tenant, -1);
         if self.fleet.assignments().cancelled_early(AssignmentId(req.assignment_id)) {
-            s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "forsaken" }).inc();
+            s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant, outcome: "forsaken" }).inc();
             return;
         }
         let waited = since.elapsed();
-        s.metrics.wait.get_or_create(&ClassLabels { class: class.clone() }).observe(waited.as_secs_f64());
-        let labels = OutcomeLabels { class, tenant: self.tenants.label(&tenant), outcome: "dispatched" };
+        s.metrics.wait.get_or_create(&QueueLabels { class: class.clone(), tenant: tenant.clone() }).observe(waited.as_secs_f64());
+        let labels = OutcomeLabels { class, tenant, outcome: "dispatched" };
         s.metrics.outcomes.get_or_create(&labels).inc();
         let started = std::time::Instant::now();
         let response = self.admit_and_commit(policy, &req, plan, started).await;
@@ -413,9 +425,9 @@ impl Picker {
         let s = &self.sched;
         let expired: Vec<Entry<Job>> = s.inner.lock().queues.values_mut().flat_map(|q| q.expire(now.into_std())).collect();
         for e in expired {
-            let class = e.job.class.clone();
-            s.depth_changed(&class, -1);
-            let labels = OutcomeLabels { class: class.clone(), tenant: self.tenants.label(&e.tenant), outcome: "shed_deadline" };
+            let (class, tenant) = (e.job.class.clone(), self.tenants.label(&e.tenant));
+            s.depth_changed(&class, &tenant, -1);
+            let labels = OutcomeLabels { class: class.clone(), tenant, outcome: "shed_deadline" };
             s.metrics.outcomes.get_or_create(&labels).inc();
             tracing::info!(request_id = %e.job.req.request_id, class = %class, "queued pick shed at its deadline");
             let response = rejected(e.job.policy, queue_rejection(format!("every worker stayed saturated for class {class}'s queue deadline")));
@@ -438,8 +450,9 @@ impl Picker {
             .collect();
         drop(assignments);
         for e in gone {
-            s.depth_changed(&e.job.class, -1);
-            s.metrics.outcomes.get_or_create(&OutcomeLabels { class: e.job.class.clone(), tenant: self.tenants.label(&e.tenant), outcome: "forsaken" }).inc();
+            let tenant = self.tenants.label(&e.tenant);
+            s.depth_changed(&e.job.class, &tenant, -1);
+            s.metrics.outcomes.get_or_create(&OutcomeLabels { class: e.job.class.clone(), tenant, outcome: "forsaken" }).inc();
             tracing::info!(request_id = %e.job.req.request_id, ticket = e.ticket, "queued pick dropped: its proxy stopped asking for it");
         }
     }

@@ -164,8 +164,13 @@ impl<T> Queue<T> {
 
     /// Puts back an entry [`Queue::pop_next`] gave out but that was not dispatched: its cost is
     /// refunded to its tenant's deficit, and the tenant is served first again (where it was).
-    /// Entries taken in one pass are put back after it, so a pass never sees one twice.
-    pub fn put_back(&mut self, order: u32, class: &str, weight: u32, entry: Entry<T>) {
+    /// Entries taken in one pass are put back after it, so a pass never sees one twice. An
+    /// entry whose ticket was queued again meanwhile (its proxy called while it was out) is
+    /// given back instead: the newer one stands.
+    pub fn put_back(&mut self, order: u32, class: &str, weight: u32, entry: Entry<T>) -> Option<Entry<T>> {
+        if self.places.contains_key(&entry.ticket) {
+            return Some(entry);
+        }
         let key = (order, class.to_string());
         let q = self.classes.entry(key.clone()).or_default();
         // A tenant the pass emptied was in its turn (its quantum spent on what comes back).
@@ -177,6 +182,7 @@ impl<T> Queue<T> {
         }
         self.places.insert(entry.ticket, Place { class: key, tenant: entry.tenant.clone() });
         t.entries.push(entry);
+        None
     }
 
     pub fn get_mut(&mut self, ticket: u64) -> Option<&mut Entry<T>> {
@@ -342,8 +348,12 @@ mod tests {
         let mut taken = taken.into_iter();
         let (first, _dispatched, third) = (taken.next().unwrap(), taken.next(), taken.next().unwrap());
         for e in [third, first] {
-            q.put_back(1, "standard", 1, e);
+            assert!(q.put_back(1, "standard", 1, e).is_none());
         }
+        assert_eq!(q.len(), 7);
+        // A ticket queued again while out of the queue is not put back twice.
+        let again = entry(0, "a", 1_000, now);
+        assert!(q.put_back(1, "standard", 1, again).is_some());
         assert_eq!(q.len(), 7);
         // Over the rest, a and b still alternate and a's two held entries come back first.
         let rest: Vec<String> = std::iter::from_fn(|| q.pop_next(now, 0.0, 1_000).map(|e| e.tenant)).collect();
