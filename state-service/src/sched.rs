@@ -1,18 +1,18 @@
-//! Scheduling: picks wait in the state service, not in a worker's queue, while every worker
-//! that could take them is saturated, and are bound to a worker only when one frees capacity.
+//! Scheduling: picks wait in the state service, not in a worker's queue, while the worker that
+//! would serve them best is saturated, and are bound to a worker only when one has room.
 //!
-//! The rule (all stated in [`SchedulingConfig`]), in the engine's own terms first: a worker is
-//! *saturated* when its engine already queues `max_engine_waiting` requests it could not start
-//! (scraped `num_requests_waiting`), or `max_unstarted` of our picks there still lack a first
-//! token (this covers the scrape interval, during which the engine's queue is not yet seen),
-//! or its KV cache is at least `max_kv_usage` full, or (when `saturation_wait_ms` > 0) the
-//! prefill waiting there would delay a new request that long at its calibrated per-token cost.
-//! Each bound is off at 0. A pick waits when the worker the policy picks for it (over all its
+//! The rule (all stated in [`SchedulingConfig`]): a worker is *saturated* when `max_unstarted`
+//! of our picks there still lack a first token (known at once, from the proxy's reports), or
+//! its KV cache is at least `max_kv_usage` full, or (each off at 0, the default) its engine
+//! already queues `max_engine_waiting` requests (scraped `num_requests_waiting`: up to a scrape
+//! interval stale, for workers that also serve traffic this router does not place), or our
+//! unstarted picks there hold `max_unstarted_tokens` prompt tokens, or the prefill waiting
+//! there would delay a new request `saturation_wait_ms` at its calibrated per-token cost. A pick waits when the worker the policy picks for it (over all its
 //! candidates, saturated or not) is saturated, or when picks of its model already wait (then
 //! it takes its turn in the queue's order); a pick whose best worker has room never waits.
 //! Waiting in the router takes the place of waiting in that engine's queue: the engine still
-//! holds `max_engine_waiting` requests to start, and the pick is bound only when a worker has
-//! room, to the worker that is best then.
+//! holds up to `max_unstarted` of our requests to start, and the pick is bound only when a
+//! worker has room, to the worker that is best then.
 //!
 //! The order ([`queue::Queue`]): service classes strictly by their order; within a class,
 //! tenants by deficit round robin over the prefill tokens their requests are predicted to
@@ -38,7 +38,10 @@ pub struct SchedulingConfig {
     /// Queue picks while every worker is saturated (off: every pick is placed at once, as
     /// before scheduling existed).
     pub enabled: bool,
-    /// A worker is saturated when its engine queues this many requests (0: off).
+    /// A worker is saturated when its engine queues this many requests (0, the default: off).
+    /// Read from scrapes, so up to a scrape interval stale: a worker whose queued request
+    /// started stays "saturated" until the next scrape. For workers that also serve traffic
+    /// this router does not place; its own picks are counted at once by `max_unstarted`.
     pub max_engine_waiting: u32,
     /// ... or this many of our picks there lack a first token (0: off).
     pub max_unstarted: u32,
@@ -129,7 +132,7 @@ impl Default for SchedulingConfig {
         let class = |order, queue_deadline_ms| ClassConfig { order, queue_deadline_ms };
         SchedulingConfig {
             enabled: false,
-            max_engine_waiting: 1,
+            max_engine_waiting: 0,
             max_unstarted: 2,
             saturation_wait_ms: 0.0,
             max_kv_usage: 0.97,

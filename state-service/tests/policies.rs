@@ -278,10 +278,14 @@ async fn dynamo_reads_the_kv_index_and_the_in_flight_prefill() {
 /// when its worker has room, to that worker, with its prefix.
 #[tokio::test]
 async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
-    let (state, index) = state_with(vec![worker("a"), worker("b")], |c| c.scheduling.enabled = true);
+    let engine_queue = |c: &mut kvroute_state::config::Config| {
+        c.scheduling.enabled = true;
+        c.scheduling.max_engine_waiting = 1;
+    };
+    let (state, index) = state_with(vec![worker("a"), worker("b")], engine_queue);
     let warm = tokens(0..8200);
     store(&index, 0, &warm[..8000], None);
-    // a's engine queues a request (saturated at the default max_engine_waiting 1); b is idle.
+    // a's engine queues a request (saturated at max_engine_waiting 1); b is idle.
     set_load(&state, "a", 4, 1);
     set_load(&state, "b", 0, 0);
     // The proxy names each pick (its ticket in the queue).
@@ -308,7 +312,7 @@ async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
     // The peers' rule (llm-d's flow control, Dynamo's router queue): nothing waits while any
     // worker has room, so the warm pick joins a's engine queue at once.
     let all = |c: &mut kvroute_state::config::Config| {
-        c.scheduling.enabled = true;
+        engine_queue(c);
         c.scheduling.wait_when = kvroute_state::sched::WaitWhen::AllSaturated;
     };
     let (state, index) = state_with(vec![worker("a"), worker("b")], all);
