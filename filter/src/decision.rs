@@ -307,10 +307,16 @@ pub fn queue_call_timeout(queued: &kvroute_core::wire::QueuedPick, waited_ms: f6
 /// The least pick time left for which a refused pick is sent again.
 pub const MIN_RETRY: Duration = Duration::from_millis(5);
 
+/// How many times a refused pick is sent again. Twice: the balancer's round robin is shared
+/// with the filter's other calls (reports, other requests' picks), so one resend can land on
+/// the replica that refused; a second reaches another one far more surely.
+pub const MAX_RESENDS: u8 = 2;
+
 /// A pick the replica that got it refused (it is dead, not ready, or shedding load: no
-/// connection, 502/503, 429) goes once more to the state cluster, whose balancer gives it to
-/// another replica, while at least [`MIN_RETRY`] of the pick's time is left: how long it may
-/// wait. A slow answer (a timeout) is not sent again: its time is spent.
+/// connection, 502/503, 429) goes again to the state cluster, whose balancer gives it to
+/// another replica, up to [`MAX_RESENDS`] times while at least [`MIN_RETRY`] of the pick's
+/// time is left: how long it may wait. A slow answer (a timeout) is not sent again: its time
+/// is spent.
 pub fn pick_retry(reason: FallbackReason, left: Duration) -> Option<Duration> {
     let refused = matches!(reason, FallbackReason::PickUnavailable | FallbackReason::PickOverloaded);
     (refused && left >= MIN_RETRY).then_some(left)

@@ -8,7 +8,7 @@
 //! failure resumes it toward the route's default upstream with a counted reason.
 
 use crate::decision::{
-    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, pick_retry, FallbackReason,
+    build_pick, classify_pick_status, degraded_label, headers_to_strip, is_success, route_from_pick, pick_retry, FallbackReason, MAX_RESENDS,
     RequestMeta, queue_call_timeout};
 use crate::admission::{OnUnread, Policy};
 use crate::config::Cidr;
@@ -77,8 +77,8 @@ pub struct HttpFilter {
     /// The pick in flight and when its time runs out (host ms), kept to send it once more if
     /// the replica that got it refuses it, or again while the state service queues it.
     resend: Option<(PickRequest, f64)>,
-    /// The pick in flight is the second try.
-    resent: bool,
+    /// How many times the pick in flight was sent again after a refusal.
+    resent: u8,
     /// When the state service first answered that the pick waits in its queue (host ms).
     queued_since_ms: Option<f64>,
 }
@@ -130,7 +130,7 @@ impl HttpFilter {
             unread: UnreadBody::UnreadNone,
             body_bytes: 0,
             resend: None,
-            resent: false,
+            resent: 0,
             queued_since_ms: None,
         }
     }

@@ -266,12 +266,12 @@ impl Context for HttpFilter {
             (Ok(Applied::Queued(_)), None) => (Err((FallbackReason::PickDecode, ": queued pick lost".to_string())), None),
             other => other,
         };
-        if let (Err((reason, detail)), Some((pick, deadline_ms)), false) = (&applied, in_flight, self.resent) {
+        if let (Err((reason, detail)), Some((pick, deadline_ms)), true) = (&applied, in_flight, self.resent < MAX_RESENDS) {
             let left = Duration::from_secs_f64(((deadline_ms - host::now_ms()) / 1000.0).max(0.0));
             if let Some(timeout) = pick_retry(*reason, left) {
                 host::increment(self.shared.metrics.pick_retries);
                 host::log(LogLevel::Debug, &format!("kvroute: request {}: pick refused{detail}, sent once more", self.meta.request_id));
-                self.resent = true;
+                self.resent += 1;
                 if self.dispatch_pick(pick, timeout) == Action::Continue {
                     host::resume_request();
                 }
