@@ -8,9 +8,9 @@
 //!   refits; the latest fit is also stored for a warm start;
 //! - a mirror of every engine's block set, written by the engine's lease holder ([`lease`],
 //!   [`mirror`]), loaded at start so a new replica answers correctly before any new event;
-//! - workers registered or removed through any replica's admin API: stored without TTL and
-//!   published; other replicas register or remove them too, and a starting replica registers
-//!   the stored ones (with their mirrors) as if they were in its config.
+//! - workers registered or removed through any replica's admin API ([`workers`]): stored
+//!   without TTL and published; other replicas register or remove them too, and a starting
+//!   replica registers the stored ones (with their mirrors) as if they were in its config.
 //!
 //! Nothing on the pick path waits for Redis. Shards are probed, and every subscription hears
 //! a heartbeat; while a shard is down (or its subscription silent) picks are marked degraded
@@ -27,12 +27,13 @@ pub mod replicate;
 pub mod shards;
 mod stats;
 pub mod wire;
+mod workers;
 
 pub use ledger::RedisLedger;
 pub use mirror::{Mirror, MirrorKey, MirroredIndex};
 pub use stats::StoreStats;
 
-use super::{Inbound, RedisConfig, Replication, ResponseDirectory, ResponseFuture, ShareError, Store, StoreFuture, WarmStart, WorkerSharing};
+use super::{Inbound, RedisConfig, Replication, ResponseDirectory, ResponseFuture, ShareError, Store, WarmStart};
 use crate::config::{Config, WorkerConfig};
 use crate::fleet::{Change, End, FleetEvent, WorkerEntry};
 use crate::stored::Owner;
@@ -214,13 +215,6 @@ impl RedisStore {
         format!("{}:asg:{id}", self.config.key_prefix)
     }
 
-    /// A cancel of an assignment no replica had recorded when it came: kept for the
-    /// first-token TTL on the shard of the assignment's record, so a replica that could not
-    /// hear the cancel (frozen, or its subscription lost) finds it in its resync.
-    fn worker_key(&self, id: &str) -> String {
-        format!("{}:worker:{id}", self.config.key_prefix)
-    }
-
     /// The values of every key on `shard` matching `pattern` (SCAN + MGET; keys that expire
     /// between the two are skipped).
     pub(crate) async fn scan_values(&self, shard: ShardId, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
@@ -237,70 +231,6 @@ impl RedisStore {
             }
             cursor = next;
         }
-    }
-
-    /// The runtime-registered workers stored on `shard`.
-    async fn load_workers(&self, shard: ShardId) -> Result<Vec<WorkerConfig>, StoreError> {
-        let values = self.scan_values(shard, &format!("{}:worker:*", self.config.key_prefix)).await?;
-        Ok(values
-            .into_iter()
-            .filter_map(|json| match serde_json::from_slice::<WorkerConfig>(&json) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    self.stats.bad_messages.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "stored worker unreadable");
-                    None
-                }
-            })
-            .collect())
-    }
-
-    /// The shared workers whose keys live on `shard`.
-    fn shared_on(&self, shard: ShardId) -> Vec<String> {
-        self.shared.lock().iter().filter(|id| self.shards.owner(&self.worker_key(id)) == shard).cloned().collect()
-    }
-
-    /// Offers a worker another replica registered (or found stored) to this replica, unless
-    /// a config worker of the same id is this replica's own.
-    fn adopt_worker(&self, inbound: &Inbound, worker: WorkerConfig) {
-        if self.config_workers.contains(&worker.id) {
-            return;
-        }
-        self.shared.lock().insert(worker.id.clone());
-        let _ = inbound.send(FleetEvent::WorkerAdded(Box::new(worker)));
-    }
-
-    /// Removes a shared worker another replica removed; never a config worker.
-    fn drop_worker(&self, inbound: &Inbound, id: &str) {
-        if !self.shared.lock().remove(id) || self.config_workers.contains(id) {
-            return;
-        }
-        let _ = inbound.send(FleetEvent::WorkerRemoved(WorkerId::new(id)));
-    }
-
-    /// Stores a worker registered through the admin API (`SET NX`: the first registration of
-    /// an id wins) and publishes it, before the admin call answers.
-    async fn register_now(&self, worker: &WorkerConfig) -> Result<(), ShareError> {
-        let key = self.worker_key(&worker.id);
-        let shard = self.shards.owner(&key);
-        let json = serde_json::to_string(worker).map_err(|e| ShareError::Unavailable(e.to_string()))?;
-        let stored: Option<String> = self.shards.cmd(shard, redis::cmd("SET").arg(&key).arg(json).arg("NX")).await.map_err(|e| unavailable(shard, e))?;
-        if stored.is_none() {
-            return Err(ShareError::Exists(worker.id.clone()));
-        }
-        let mut pipe = redis::pipe();
-        self.publish(&mut pipe, Event::WorkerAdded(Box::new(worker.clone())));
-        self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| unavailable(shard, e))
-    }
-
-    /// Deletes a shared worker and publishes its removal, before the admin call answers.
-    async fn unregister_now(&self, id: &str) -> Result<(), ShareError> {
-        let key = self.worker_key(id);
-        let shard = self.shards.owner(&key);
-        let mut pipe = redis::pipe();
-        pipe.del(&key).ignore();
-        self.publish(&mut pipe, Event::WorkerRemoved { id: id.to_string() });
-        self.shards.pipe::<()>(shard, &pipe).await.map_err(|e| unavailable(shard, e))
     }
 
     /// Queues `op` for the shard owning its key; dropped (and counted) when that shard is
@@ -524,35 +454,6 @@ impl Replication for Handle {
 
     fn id_salt(&self) -> u64 {
         self.0.salt
-    }
-}
-
-impl WorkerSharing for Handle {
-    fn share_worker(&self, worker: &WorkerConfig) -> StoreFuture {
-        let (me, worker) = (self.0.clone(), worker.clone());
-        Box::pin(async move {
-            let id = worker.id.clone();
-            me.register_now(&worker).await?;
-            me.shared.lock().insert(id);
-            Ok(())
-        })
-    }
-
-    fn is_shared(&self, id: &str) -> bool {
-        self.0.shared.lock().contains(id)
-    }
-
-    fn unshare_worker(&self, id: &str) -> StoreFuture {
-        let (me, id) = (self.0.clone(), id.to_string());
-        Box::pin(async move {
-            me.unregister_now(&id).await?;
-            me.shared.lock().remove(&id);
-            Ok(())
-        })
-    }
-
-    fn worker_rejected(&self, id: &str) {
-        self.0.shared.lock().remove(id);
     }
 }
 
