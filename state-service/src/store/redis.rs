@@ -8,7 +8,7 @@
 //!   refits; the latest fit is also stored for a warm start;
 //! - a mirror of every engine's block set, written by the engine's lease holder ([`lease`],
 //!   [`mirror`]), loaded at start so a new replica answers correctly before any new event;
-//! - workers registered or removed through any replica's admin API ([`workers`]): stored
+//! - workers registered or removed through any replica's admin API (`redis/workers.rs`): stored
 //!   without TTL and published; other replicas register or remove them too, and a starting
 //!   replica registers the stored ones (with their mirrors) as if they were in its config.
 //!
