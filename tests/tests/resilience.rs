@@ -81,8 +81,6 @@ async fn failed_state_replicas_cost_no_pick() -> Result<()> {
         (stats.first()?.1 == "2").then_some(())
     })
     .await?;
-    // The main thread's stat leads: each worker thread gets the new host set posted to it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let url = s.url("/v1/completions");
     for i in 0..12u32 {
         let r = s.client.post(&url).json(&completion(MODEL, &tokens(300 + i, 48), 2, false)).send().await?;
