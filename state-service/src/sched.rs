@@ -21,6 +21,15 @@
 //! shorter new ones for at most `c / aging_tokens_per_s` seconds. Every queued request leaves
 //! by its class's `queue_deadline_ms`: dispatched, or shed with a 503 and `Retry-After`.
 //!
+//! Headroom (`headroom_workers`, off by default): a flow (a class and tenant) that has more
+//! picks queued behind the one being dispatched is over its share; while another flow of the
+//! model placed a pick in the last [`FLOW_MEMORY`], such a pick may not take a worker with no
+//! pick of ours waiting to start when that would leave fewer than `headroom_workers` of them.
+//! A request of a flow under its share then finds a worker not busy with a prefill, so its
+//! TTFT is about its own prefill, not the remainder of another's (a step cannot be
+//! interrupted). Not work-conserving: a backlogged flow gives up to `headroom_workers` workers'
+//! prefill capacity while others are active, and all of it once they have been quiet.
+//!
 //! The proxy waits in steps of `wait_ms` (see `PickResponse.queued`), so a replica that dies
 //! or freezes while holding queued picks costs each a fallback after at most one step plus the
 //! filter's margin, and a step that lands on another replica queues the pick there with the
@@ -30,6 +39,10 @@ pub mod queue;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long a flow that placed a pick counts as active, for `headroom_workers`.
+pub const FLOW_MEMORY: Duration = Duration::from_secs(10);
 
 /// `[scheduling]`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -65,6 +78,9 @@ pub struct SchedulingConfig {
     /// A decision made while its proxy was between two calls is kept this long for the next
     /// call (ms); then its assignment is cancelled (the proxy went elsewhere).
     pub unclaimed_ms: u64,
+    /// Workers kept free of new prefills for flows under their share while a backlogged flow
+    /// waits (0: off; the rule is in [`crate::sched`]).
+    pub headroom_workers: u32,
     /// Within a tenant, a queued request gains this many tokens of priority per second waited.
     pub aging_tokens_per_s: f64,
     /// Deficit round robin quantum: prefill tokens a tenant of weight 1 may dispatch per round.
@@ -141,6 +157,7 @@ impl Default for SchedulingConfig {
             order: Order::ShortestFirst,
             wait_ms: 500,
             unclaimed_ms: 2_000,
+            headroom_workers: 0,
             aging_tokens_per_s: 8_192.0,
             quantum_tokens: 8_192,
             max_queued: 10_000,

@@ -325,3 +325,48 @@ async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
     };
     assert_eq!(now.worker_id, "a");
 }
+
+#[tokio::test]
+async fn a_backlogged_tenant_leaves_a_free_worker_to_a_tenant_under_its_share() {
+    use kvroute_state::assign::AssignmentId;
+    use kvroute_state::pick::Picked;
+    let headroom = |n: u32| {
+        move |c: &mut kvroute_state::config::Config| {
+            c.scheduling.enabled = true;
+            c.scheduling.max_unstarted = 1;
+            c.scheduling.headroom_workers = n;
+        }
+    };
+    let of = |tenant: &str, id: u64| PickRequest { tenant: tenant.into(), assignment_id: id, ..req("m", &tokens(id as u32 * 10_000..id as u32 * 10_000 + 1_000)) };
+    for reserve in [1, 0] {
+        let (state, _) = state_with(vec![worker("a"), worker("b")], headroom(reserve));
+        let decided = |p: Picked| match p {
+            Picked::Decided(r) => r.worker_id,
+            Picked::Queued(_) => panic!("queued"),
+        };
+        // B places a pick, which starts: B is an active flow.
+        let first_b = decided(state.picker.pick_or_queue(&of("b", 1), Deadline::default()).await);
+        state.fleet.first_token(AssignmentId(1), 100.0, Instant::now());
+        // A fills both workers (one unstarted pick each saturates), then queues two more.
+        let a_first = decided(state.picker.pick_or_queue(&of("a", 2), Deadline::default()).await);
+        decided(state.picker.pick_or_queue(&of("a", 3), Deadline::default()).await);
+        let Picked::Queued(a4) = state.picker.pick_or_queue(&of("a", 4), Deadline::default()).await else { panic!("both workers saturated") };
+        let Picked::Queued(_a5) = state.picker.pick_or_queue(&of("a", 5), Deadline::default()).await else { panic!("both workers saturated") };
+        // A's first pick starts: its worker is free, the only one.
+        state.fleet.first_token(AssignmentId(2), 100.0, Instant::now());
+        state.picker.dispatch_once().await;
+        if reserve == 0 {
+            let a4 = tokio::time::timeout(std::time::Duration::from_secs(5), a4.decision()).await.expect("dispatched");
+            assert_eq!(a4.worker_id, a_first, "without headroom the backlog takes the freed worker");
+            continue;
+        }
+        // A has another pick queued behind it and B was active: the free worker is kept.
+        let still = a4.answer(Some(std::time::Instant::now() + std::time::Duration::from_millis(50))).await;
+        assert!(still.queued.is_some(), "a backlogged tenant leaves the last free worker: {still:?}");
+        // B's next pick waits for nothing: it takes the free worker at the next pass.
+        let Picked::Queued(b6) = state.picker.pick_or_queue(&of("b", 6), Deadline::default()).await else { panic!("picks of the model wait, so B's takes its turn") };
+        state.picker.dispatch_once().await;
+        let b6 = tokio::time::timeout(std::time::Duration::from_secs(5), b6.decision()).await.expect("dispatched");
+        assert_eq!(b6.worker_id, a_first, "B's pick takes the kept worker (B's first went to {first_b})");
+    }
+}

@@ -12,7 +12,7 @@ use super::{rejected, Picker};
 use crate::assign::AssignmentId;
 use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
-use crate::sched::{SchedulingConfig, WaitWhen};
+use crate::sched::{SchedulingConfig, WaitWhen, FLOW_MEMORY};
 use kvroute_core::wire::{BudgetLimit, PickRequest, PickResponse, QueuedPick, Rejection};
 use kvroute_score::Policy;
 use parking_lot::Mutex;
@@ -66,6 +66,27 @@ struct Inner {
     unclaimed: HashMap<u64, Unclaimed>,
     /// Per model, the signature of the fleet at the last pass that dispatched nothing.
     idle_pass: HashMap<String, (u64, Instant)>,
+    /// Per model, when each flow (class, tenant) last placed a pick (kept for headroom only).
+    flows: HashMap<String, HashMap<(String, String), Instant>>,
+}
+
+impl Inner {
+    fn flow_placed(&mut self, model: &str, class: &str, tenant: &str, now: Instant) {
+        let flows = self.flows.entry(model.to_string()).or_default();
+        flows.retain(|_, at| now.duration_since(*at) < FLOW_MEMORY);
+        flows.insert((class.to_string(), tenant.to_string()), now);
+    }
+
+    /// The rule of `headroom_workers` ([`crate::sched`]): a pick of a flow with more picks
+    /// queued, while another flow of the model is active, leaves headroom free.
+    /// `held`: the pass holds others of its flow, out of the queue until it ends.
+    fn keeps_headroom(&self, model: &str, class: &str, tenant: &str, held: bool, now: Instant) -> bool {
+        let backlogged = held || self.queues.get(model).is_some_and(|q| q.flow_len(class, tenant) > 0);
+        let others = |flows: &HashMap<(String, String), Instant>| {
+            flows.iter().any(|((c, t), at)| (c != class || t != tenant) && now.duration_since(*at) < FLOW_MEMORY)
+        };
+        backlogged && self.flows.get(model).is_some_and(others)
+    }
 }
 
 struct Unclaimed {
@@ -182,6 +203,13 @@ impl Scheduler {
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
 
+    /// A pick of `class` placed without waiting: its flow is active (for headroom).
+    fn placed_now(&self, req: &PickRequest, class: &str) {
+        if self.config.headroom_workers > 0 {
+            self.inner.lock().flow_placed(&req.model, class, &req.tenant, Instant::now());
+        }
+    }
+
     fn depth_changed(&self, class: &str, tenant_label: &str, by: i64) {
         self.metrics.depth.get_or_create(&QueueLabels { class: class.into(), tenant: tenant_label.into() }).inc_by(by);
     }
@@ -229,13 +257,14 @@ impl Picker {
             WaitWhen::BestSaturated => view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, tokens)),
             WaitWhen::AllSaturated => view.workers.iter().all(|w| s.saturated(w, tokens)),
         };
+        let class = s.config.class_of(&req.service_class, &req.tenant).to_string();
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
         if !(busy || waiting) {
+            s.placed_now(req, &class);
             return Err(Box::new(plan));
         }
         // What it costs its tenant's share: its prefill on the best worker now.
         let cost = u64::from(chosen.uncached_tokens());
-        let class = s.config.class_of(&req.service_class, &req.tenant).to_string();
         let class_config = s.config.classes.get(&class).cloned().unwrap_or_default();
         let tenant_label = self.tenants.label(&req.tenant);
         let shed = |outcome: &'static str, why: String| {
@@ -246,6 +275,7 @@ impl Picker {
         if class_config.queue_deadline_ms == 0 {
             if !busy {
                 // It never waits, and its worker has room.
+                s.placed_now(req, &class);
                 return Err(Box::new(plan));
             }
             return Ok(shed("shed_at_once", format!("the workers of {} that could serve it are saturated and class {class} does not wait", req.model)));
@@ -341,20 +371,29 @@ impl Picker {
             let Some(entry) = next else { break };
             let job = &entry.job;
             let mut candidates = self.in_pool(&job.req, view.clone());
+            let pooled = !candidates.workers.is_empty();
+            let headroom = s.config.headroom_workers;
+            // Its flow's picks this pass holds still count as queued behind it.
+            let held_of_flow = || held.iter().any(|e: &Entry<Job>| e.tenant == entry.tenant && e.job.class == job.class);
+            if headroom > 0 && s.inner.lock().keeps_headroom(model, &job.class, &entry.tenant, held_of_flow(), Instant::now()) {
+                let free = |w: &WorkerView| w.pending.waiting == 0 && !s.saturated(w, tokens);
+                if candidates.workers.iter().filter(|w| free(w)).count() <= headroom as usize {
+                    candidates.workers.retain(|w| !free(w));
+                }
+            }
             let hold = match s.config.wait_when {
                 WaitWhen::BestSaturated => true,
                 // The peers' rule: the first in line goes to the best worker with room (one of
                 // its pool's; it waits while its pool has none).
                 WaitWhen::AllSaturated => {
-                    let pooled = !candidates.workers.is_empty();
                     candidates.workers.retain(|w| !s.saturated(w, tokens));
-                    if pooled && candidates.workers.is_empty() {
-                        held.push(entry);
-                        continue;
-                    }
                     false
                 }
             };
+            if pooled && candidates.workers.is_empty() {
+                held.push(entry);
+                continue;
+            }
             let plan = self.plan(job.policy, &job.req, candidates, job.keyed.clone(), 0);
             if let Plan::Chosen(chosen) = &plan {
                 let id = &chosen.candidate().worker.id;
@@ -391,13 +430,16 @@ impl Picker {
 
     async fn dispatch(&self, entry: Entry<Job>, plan: Plan) {
         let s = &self.sched;
-        let Entry { ticket, tenant, since, job, .. } = entry;
+        let Entry { ticket, tenant: tenant_name, since, job, .. } = entry;
         let Job { req, policy, class, waiter, .. } = job;
-        let tenant = self.tenants.label(&tenant);
+        let tenant = self.tenants.label(&tenant_name);
         s.depth_changed(&class, &tenant, -1);
         if self.fleet.assignments().cancelled_early(AssignmentId(req.assignment_id)) {
             s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant, outcome: "forsaken" }).inc();
             return;
+        }
+        if s.config.headroom_workers > 0 {
+            s.inner.lock().flow_placed(&req.model, &class, &tenant_name, Instant::now());
         }
         let waited = since.elapsed();
         s.metrics.wait.get_or_create(&QueueLabels { class: class.clone(), tenant: tenant.clone() }).observe(waited.as_secs_f64());

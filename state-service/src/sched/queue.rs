@@ -185,6 +185,12 @@ impl<T> Queue<T> {
         None
     }
 
+    /// How many picks of `tenant` wait in class `class`.
+    pub fn flow_len(&self, class: &str, tenant: &str) -> usize {
+        let in_class = self.classes.iter().filter(|((_, name), _)| name == class);
+        in_class.filter_map(|(_, q)| q.tenants.get(tenant)).map(|t| t.entries.len()).sum()
+    }
+
     pub fn get_mut(&mut self, ticket: u64) -> Option<&mut Entry<T>> {
         let place = self.places.get(&ticket)?;
         let t = self.classes.get_mut(&place.class)?.tenants.get_mut(&place.tenant)?;
