@@ -23,12 +23,14 @@
 //!
 //! Headroom (`headroom_workers`, off by default): a flow (a class and tenant) that has more
 //! picks queued behind the one being dispatched is over its share; while another flow of the
-//! model placed a pick in the last [`FLOW_MEMORY`], such a pick may not take a worker with no
-//! pick of ours waiting to start when that would leave fewer than `headroom_workers` of them.
-//! A request of a flow under its share then finds a worker not busy with a prefill, so its
-//! TTFT is about its own prefill, not the remainder of another's (a step cannot be
-//! interrupted). Not work-conserving: a backlogged flow gives up to `headroom_workers` workers'
-//! prefill capacity while others are active, and all of it once they have been quiet.
+//! model placed a pick in the last [`FLOW_MEMORY`], such a pick may not take the
+//! `headroom_workers` workers of its pool with the fewest of our picks waiting to start. Kept
+//! from the backlog, they drain, and a request of a flow under its share finds one not busy
+//! with a prefill: its TTFT is its own prefill, not the rest of another's (a step cannot be
+//! interrupted). The worker such a pick goes to is kept from the backlog too until its
+//! predicted first token, so that no backlogged prefill joins the step that prefills it. Not work-conserving: a backlogged flow leaves `headroom_workers` workers'
+//! prefill capacity to the others while they are active (all of its pool when the pool has no
+//! more workers than that), and takes all of it once they have been quiet.
 //!
 //! The proxy waits in steps of `wait_ms` (see `PickResponse.queued`), so a replica that dies
 //! or freezes while holding queued picks costs each a fallback after at most one step plus the

@@ -327,46 +327,59 @@ async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
 }
 
 #[tokio::test]
-async fn a_backlogged_tenant_leaves_a_free_worker_to_a_tenant_under_its_share() {
+async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_share() {
     use kvroute_state::assign::AssignmentId;
-    use kvroute_state::pick::Picked;
+    use kvroute_state::pick::{wait::Waiting, Picked};
     let headroom = |n: u32| {
         move |c: &mut kvroute_state::config::Config| {
             c.scheduling.enabled = true;
-            c.scheduling.max_unstarted = 1;
             c.scheduling.headroom_workers = n;
         }
     };
     let of = |tenant: &str, id: u64| PickRequest { tenant: tenant.into(), assignment_id: id, ..req("m", &tokens(id as u32 * 10_000..id as u32 * 10_000 + 1_000)) };
+    let within = |w: Waiting| async move { tokio::time::timeout(std::time::Duration::from_secs(5), w.decision()).await.expect("dispatched") };
     for reserve in [1, 0] {
         let (state, _) = state_with(vec![worker("a"), worker("b")], headroom(reserve));
-        let decided = |p: Picked| match p {
-            Picked::Decided(r) => r.worker_id,
-            Picked::Queued(_) => panic!("queued"),
-        };
         // B places a pick, which starts: B is an active flow.
-        let first_b = decided(state.picker.pick_or_queue(&of("b", 1), Deadline::default()).await);
+        let Picked::Decided(_) = state.picker.pick_or_queue(&of("b", 1), Deadline::default()).await else { panic!("an idle fleet") };
         state.fleet.first_token(AssignmentId(1), 100.0, Instant::now());
-        // A fills both workers (one unstarted pick each saturates), then queues two more.
-        let a_first = decided(state.picker.pick_or_queue(&of("a", 2), Deadline::default()).await);
-        decided(state.picker.pick_or_queue(&of("a", 3), Deadline::default()).await);
-        let Picked::Queued(a4) = state.picker.pick_or_queue(&of("a", 4), Deadline::default()).await else { panic!("both workers saturated") };
-        let Picked::Queued(_a5) = state.picker.pick_or_queue(&of("a", 5), Deadline::default()).await else { panic!("both workers saturated") };
-        // A's first pick starts: its worker is free, the only one.
-        state.fleet.first_token(AssignmentId(2), 100.0, Instant::now());
+        // A fills both workers (two unstarted picks each saturate one), then queues more.
+        let mut placed = Vec::new();
+        let mut queued = Vec::new();
+        for id in 2..8 {
+            match state.picker.pick_or_queue(&of("a", id), Deadline::default()).await {
+                Picked::Decided(r) => placed.push((id, r.worker_id)),
+                Picked::Queued(w) => queued.push(w),
+            }
+        }
+        assert_eq!((placed.len(), queued.len()), (4, 2), "two unstarted picks saturate a worker: {placed:?}");
+        // One of A's picks starts: its worker has room again, and the fewest unstarted picks.
+        let (started, roomy) = placed[0].clone();
+        state.fleet.first_token(AssignmentId(started), 100.0, Instant::now());
         state.picker.dispatch_once().await;
+        let next = queued.remove(0);
         if reserve == 0 {
-            let a4 = tokio::time::timeout(std::time::Duration::from_secs(5), a4.decision()).await.expect("dispatched");
-            assert_eq!(a4.worker_id, a_first, "without headroom the backlog takes the freed worker");
+            assert_eq!(within(next).await.worker_id, roomy, "without headroom the backlog refills the worker at once");
             continue;
         }
-        // A has another pick queued behind it and B was active: the free worker is kept.
-        let still = a4.answer(Some(std::time::Instant::now() + std::time::Duration::from_millis(50))).await;
-        assert!(still.queued.is_some(), "a backlogged tenant leaves the last free worker: {still:?}");
-        // B's next pick waits for nothing: it takes the free worker at the next pass.
-        let Picked::Queued(b6) = state.picker.pick_or_queue(&of("b", 6), Deadline::default()).await else { panic!("picks of the model wait, so B's takes its turn") };
+        let still = next.answer(Some(std::time::Instant::now() + std::time::Duration::from_millis(50))).await;
+        assert!(still.queued.is_some(), "A has more queued and B is active: {roomy} is left to drain: {still:?}");
+        // B's next pick takes its turn at once, on the worker kept from A's backlog.
+        let Picked::Queued(b) = state.picker.pick_or_queue(&of("b", 9), Deadline::default()).await else { panic!("picks of the model wait, so B's takes its turn") };
         state.picker.dispatch_once().await;
-        let b6 = tokio::time::timeout(std::time::Duration::from_secs(5), b6.decision()).await.expect("dispatched");
-        assert_eq!(b6.worker_id, a_first, "B's pick takes the kept worker (B's first went to {first_b})");
+        assert_eq!(within(b).await.worker_id, roomy);
+        // A's other picks start: the other worker, with none unstarted, is kept from A, and
+        // B's worker (B's pick its only unstarted one) is shielded until B's predicted first
+        // token, so that no prefill of A's joins the step that prefills B's.
+        for (id, _) in &placed[1..] {
+            state.fleet.first_token(AssignmentId(*id), 100.0, Instant::now());
+        }
+        state.picker.dispatch_once().await;
+        for ticket in [6, 7] {
+            let again = PickRequest { ticket, ..of("a", ticket) };
+            let Picked::Queued(w) = state.picker.pick_or_queue(&again, Deadline::default()).await else { panic!("{ticket}: neither the drained worker nor B's") };
+            let still = w.answer(Some(std::time::Instant::now() + std::time::Duration::from_millis(20))).await;
+            assert!(still.queued.is_some(), "{ticket}: {still:?}");
+        }
     }
 }

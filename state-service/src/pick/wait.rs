@@ -14,6 +14,7 @@ use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
 use crate::sched::{SchedulingConfig, WaitWhen, FLOW_MEMORY};
 use kvroute_core::wire::{BudgetLimit, PickRequest, PickResponse, QueuedPick, Rejection};
+use kvroute_kv::types::WorkerId;
 use kvroute_score::Policy;
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -33,6 +34,8 @@ const TICK: Duration = Duration::from_millis(10);
 const MAX_SCAN: usize = 128;
 /// A pass that dispatched nothing is repeated on an unchanged fleet only after this long.
 const RESCAN: Duration = Duration::from_millis(100);
+/// The longest a worker is shielded for one pick (a prediction is not trusted further).
+const MAX_SHIELD: Duration = Duration::from_secs(5);
 /// A queued pick whose proxy has not called for it this long past its last call's hold has
 /// gone elsewhere (its call timed out, its client left): it is dropped, never dispatched.
 const CALL_GRACE: Duration = Duration::from_secs(1);
@@ -68,9 +71,15 @@ struct Inner {
     idle_pass: HashMap<String, (u64, Instant)>,
     /// Per model, when each flow (class, tenant) last placed a pick (kept for headroom only).
     flows: HashMap<String, HashMap<(String, String), Instant>>,
+    /// Workers a pick of a flow under its share went to, until its predicted first token.
+    shielded: HashMap<WorkerId, Instant>,
 }
 
 impl Inner {
+    fn shielded(&self, worker: &WorkerId, now: Instant) -> bool {
+        self.shielded.get(worker).is_some_and(|until| *until > now)
+    }
+
     fn flow_placed(&mut self, model: &str, class: &str, tenant: &str, now: Instant) {
         let flows = self.flows.entry(model.to_string()).or_default();
         flows.retain(|_, at| now.duration_since(*at) < FLOW_MEMORY);
@@ -203,10 +212,22 @@ impl Scheduler {
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
 
-    /// A pick of `class` placed without waiting: its flow is active (for headroom).
-    fn placed_now(&self, req: &PickRequest, class: &str) {
+    /// A pick of `class` placed without waiting: its flow is active, and under its share
+    /// (nothing of its model waits), so its worker is shielded (for headroom).
+    fn placed_now(&self, req: &PickRequest, class: &str, plan: &Plan) {
         if self.config.headroom_workers > 0 {
             self.inner.lock().flow_placed(&req.model, class, &req.tenant, Instant::now());
+            self.shield(plan);
+        }
+    }
+
+    /// Keeps a backlogged flow's prefills off the worker a pick of a flow under its share goes
+    /// to, until its predicted first token: else one could join the step that prefills it.
+    fn shield(&self, plan: &Plan) {
+        if let Plan::Chosen(chosen) = plan {
+            let c = chosen.candidate();
+            let until = Instant::now() + Duration::from_secs_f64((c.prediction.ttft_ms / 1000.0).clamp(0.0, MAX_SHIELD.as_secs_f64()));
+            self.inner.lock().shielded.insert(c.worker.id.clone(), until);
         }
     }
 
@@ -260,7 +281,7 @@ impl Picker {
         let class = s.config.class_of(&req.service_class, &req.tenant).to_string();
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
         if !(busy || waiting) {
-            s.placed_now(req, &class);
+            s.placed_now(req, &class, &plan);
             return Err(Box::new(plan));
         }
         // What it costs its tenant's share: its prefill on the best worker now.
@@ -275,7 +296,7 @@ impl Picker {
         if class_config.queue_deadline_ms == 0 {
             if !busy {
                 // It never waits, and its worker has room.
-                s.placed_now(req, &class);
+                s.placed_now(req, &class, &plan);
                 return Err(Box::new(plan));
             }
             return Ok(shed("shed_at_once", format!("the workers of {} that could serve it are saturated and class {class} does not wait", req.model)));
@@ -375,11 +396,12 @@ impl Picker {
             let headroom = s.config.headroom_workers;
             // Its flow's picks this pass holds still count as queued behind it.
             let held_of_flow = || held.iter().any(|e: &Entry<Job>| e.tenant == entry.tenant && e.job.class == job.class);
-            if headroom > 0 && s.inner.lock().keeps_headroom(model, &job.class, &entry.tenant, held_of_flow(), Instant::now()) {
-                let free = |w: &WorkerView| w.pending.waiting == 0 && !s.saturated(w, tokens);
-                if candidates.workers.iter().filter(|w| free(w)).count() <= headroom as usize {
-                    candidates.workers.retain(|w| !free(w));
-                }
+            let backlogged = headroom > 0 && s.inner.lock().keeps_headroom(model, &job.class, &entry.tenant, held_of_flow(), Instant::now());
+            if backlogged {
+                let (inner, now) = (s.inner.lock(), Instant::now());
+                candidates.workers.retain(|w| !inner.shielded(&w.entry.id, now));
+                drop(inner);
+                leave_headroom(&mut candidates.workers, headroom as usize);
             }
             let hold = match s.config.wait_when {
                 WaitWhen::BestSaturated => true,
@@ -405,6 +427,9 @@ impl Picker {
                         continue;
                     }
                 }
+            }
+            if headroom > 0 && !backlogged {
+                s.shield(&plan);
             }
             dispatched += 1;
             self.dispatch(entry, plan).await;
@@ -515,6 +540,19 @@ impl Picker {
             }
         }
     }
+}
+
+/// Takes from `workers` the `n` with the fewest of our picks waiting to start (the first
+/// listed on ties): kept from a backlogged flow, they drain to free, and stay free for others.
+fn leave_headroom(workers: &mut Vec<WorkerView>, n: usize) {
+    let mut by_unstarted: Vec<usize> = (0..workers.len()).collect();
+    by_unstarted.sort_by_key(|&i| workers[i].pending.waiting);
+    let kept: std::collections::HashSet<usize> = by_unstarted.into_iter().take(n).collect();
+    let mut i = 0;
+    workers.retain(|_| {
+        i += 1;
+        !kept.contains(&(i - 1))
+    });
 }
 
 /// `w` as it will be once a pick of `uncached` prefill tokens is placed on it (dispatched, or
