@@ -27,8 +27,8 @@
 //! `headroom_workers` workers of its pool with the fewest of our picks waiting to start. Kept
 //! from the backlog, they drain, and a request of a flow under its share finds one not busy
 //! with a prefill: its TTFT is its own prefill, not the rest of another's (a step cannot be
-//! interrupted). The worker such a pick goes to is kept from the backlog too until its
-//! predicted first token, so that no backlogged prefill joins the step that prefills it. Not work-conserving: a backlogged flow leaves `headroom_workers` workers'
+//! interrupted). Until such a pick's predicted first token its worker is the first of those
+//! kept, so that no backlogged prefill joins the step that prefills it. Not work-conserving: a backlogged flow leaves `headroom_workers` workers'
 //! prefill capacity to the others while they are active (all of its pool when the pool has no
 //! more workers than that), and takes all of it once they have been quiet.
 //!

@@ -46,6 +46,8 @@ struct Tally {
     rejected: u64,
     /// 503: shed by the state service's queue.
     shed: u64,
+    /// The slowest first token and the seed of its request.
+    slowest: (f64, u32),
     other: u64,
 }
 
@@ -69,6 +71,9 @@ async fn one(client: reqwest::Client, url: String, key: &'static str, seed: u32,
             g.ok += 1;
             if let Some(ms) = first {
                 g.ttft_ms.push(ms);
+                if ms > g.slowest.0 {
+                    g.slowest = (ms, seed);
+                }
             }
         }
         429 => tally.lock().await.rejected += 1,
@@ -179,6 +184,7 @@ async fn fair_shares_without_budgets() -> Result<()> {
     let (mut b, a) = tokio::join!(drive(&client, &url, B, b_rate, secs, 120_000), drive(&client, &url, A, a_rate, secs, 150_000));
     let (b50, b99) = (pct(&mut b.ttft_ms, 0.5), pct(&mut b.ttft_ms, 0.99));
     println!("B + A flooding: TTFT p50 {b50:7.1} ms  p99 {b99:7.1} ms  ({} ok, {} shed); B's p99 {:.2}x alone", b.ok, b.shed, b99 / pct(&mut alone.ttft_ms, 0.99));
+    println!("  B's slowest: {:.1} ms, its request {} of the phase", b.slowest.0, b.slowest.1 - 120_000);
     println!("A: {} served, {} shed at its deadline, {} other", a.ok, a.shed, a.other);
     let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
     for line in metrics.lines().filter(|l| l.starts_with("kvroute_queue_outcomes_total")) {

@@ -212,22 +212,22 @@ impl Scheduler {
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
 
-    /// A pick of `class` placed without waiting: its flow is active, and under its share
-    /// (nothing of its model waits), so its worker is shielded (for headroom).
-    fn placed_now(&self, req: &PickRequest, class: &str, plan: &Plan) {
+    /// A pick of `class` placed without waiting: its flow is active (for headroom).
+    fn placed_now(&self, req: &PickRequest, class: &str) {
         if self.config.headroom_workers > 0 {
             self.inner.lock().flow_placed(&req.model, class, &req.tenant, Instant::now());
-            self.shield(plan);
         }
     }
 
-    /// Keeps a backlogged flow's prefills off the worker a pick of a flow under its share goes
-    /// to, until its predicted first token: else one could join the step that prefills it.
+    /// Makes the worker a queued pick of a flow under its share goes to one of those kept
+    /// from a backlogged flow until its predicted first token: else the backlog could join
+    /// the step that prefills it, once another worker has drained to fewer unstarted picks.
+    /// (A pick placed without waiting needs none: nothing of its model is backlogged.)
     fn shield(&self, plan: &Plan) {
         if let Plan::Chosen(chosen) = plan {
             let c = chosen.candidate();
             let until = Instant::now() + Duration::from_secs_f64((c.prediction.ttft_ms / 1000.0).clamp(0.0, MAX_SHIELD.as_secs_f64()));
-            self.inner.lock().shielded.insert(c.worker.id.clone(), until);
+self.inner.lock().shielded.insert(c.worker.id.clone(), until);
         }
     }
 
@@ -281,7 +281,7 @@ impl Picker {
         let class = s.config.class_of(&req.service_class, &req.tenant).to_string();
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
         if !(busy || waiting) {
-            s.placed_now(req, &class, &plan);
+            s.placed_now(req, &class);
             return Err(Box::new(plan));
         }
         // What it costs its tenant's share: its prefill on the best worker now.
@@ -296,7 +296,7 @@ impl Picker {
         if class_config.queue_deadline_ms == 0 {
             if !busy {
                 // It never waits, and its worker has room.
-                s.placed_now(req, &class, &plan);
+                s.placed_now(req, &class);
                 return Err(Box::new(plan));
             }
             return Ok(shed("shed_at_once", format!("the workers of {} that could serve it are saturated and class {class} does not wait", req.model)));
@@ -399,9 +399,7 @@ impl Picker {
             let backlogged = headroom > 0 && s.inner.lock().keeps_headroom(model, &job.class, &entry.tenant, held_of_flow(), Instant::now());
             if backlogged {
                 let (inner, now) = (s.inner.lock(), Instant::now());
-                candidates.workers.retain(|w| !inner.shielded(&w.entry.id, now));
-                drop(inner);
-                leave_headroom(&mut candidates.workers, headroom as usize);
+                leave_headroom(&mut candidates.workers, headroom as usize, |w| inner.shielded(&w.entry.id, now));
             }
             let hold = match s.config.wait_when {
                 WaitWhen::BestSaturated => true,
@@ -542,11 +540,12 @@ impl Picker {
     }
 }
 
-/// Takes from `workers` the `n` with the fewest of our picks waiting to start (the first
-/// listed on ties): kept from a backlogged flow, they drain to free, and stay free for others.
-fn leave_headroom(workers: &mut Vec<WorkerView>, n: usize) {
+/// Takes from `workers` the `n` kept from a backlogged flow: first those `shielded` (prefilling
+/// a pick of a flow under its share), then those with the fewest of our picks waiting to start
+/// (the first listed on ties), which drain to free and stay free for others.
+fn leave_headroom(workers: &mut Vec<WorkerView>, n: usize, shielded: impl Fn(&WorkerView) -> bool) {
     let mut by_unstarted: Vec<usize> = (0..workers.len()).collect();
-    by_unstarted.sort_by_key(|&i| workers[i].pending.waiting);
+    by_unstarted.sort_by_key(|&i| (!shielded(&workers[i]), workers[i].pending.waiting));
     let kept: std::collections::HashSet<usize> = by_unstarted.into_iter().take(n).collect();
     let mut i = 0;
     workers.retain(|_| {
