@@ -10,8 +10,13 @@
 //!   state service's queue on (`[scheduling]`, both tenants weight 1): A's flood waits in the
 //!   router, and the queue's fair shares (deficit round robin on prefill tokens) keep B's
 //!   requests moving. B's TTFT p50/p99 alone and beside A; A's requests served, shed at the
-//!   queue deadline (503), other. `KVROUTE_BENCH_SCHEDULING="max_unstarted = 1; ..."` sets
+//!   queue deadline (503), other. `KVROUTE_BENCH_SCHEDULING="headroom_workers = 1; ..."` sets
 //!   more of `[scheduling]`.
+//!
+//! Both send each tenant's requests evenly spaced, or as a seeded Poisson process with
+//! `KVROUTE_BENCH_ARRIVALS=poisson` (B's requests then sometimes arrive together);
+//! `KVROUTE_BENCH_PHASE_S` sets the length of a phase (30 s; B's p99 over 30 s is its
+//! slowest of ~29 requests).
 //! - `shared_budget_two_replicas`: two replicas on three Redis shards, one tenant budget,
 //!   concurrent picks spread over both replicas well past the budget; the tokens admitted within
 //!   the window against the budget (one shared budget: 1.0x; per-replica budgets would be 2x).
@@ -85,17 +90,41 @@ async fn one(client: reqwest::Client, url: String, key: &'static str, seed: u32,
 /// Sends `rate` requests/s of tenant `key` for `secs`, open loop; returns when all answered.
 async fn drive(client: &reqwest::Client, url: &str, key: &'static str, rate: f64, secs: f64, seed: u32) -> Tally {
     let tally = Arc::new(Mutex::new(Tally::default()));
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     let n = (rate * secs) as u32;
+    let poisson = arrivals() == "poisson";
+    let start = tokio::time::Instant::now();
+    let mut at = 0.0;
     let mut tasks = Vec::new();
     for i in 0..n {
-        tick.tick().await;
+        tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
         tasks.push(tokio::spawn(one(client.clone(), url.to_string(), key, seed + i, tally.clone())));
+        at += if poisson { exponential_gap(seed + i, rate) } else { 1.0 / rate };
     }
     for t in tasks {
         let _ = t.await;
     }
     Arc::try_unwrap(tally).map(Mutex::into_inner).unwrap_or_default()
+}
+
+/// A seeded exponential gap of mean `1 / rate` (splitmix64 of `seed`): Poisson arrivals,
+/// the same in every run.
+fn exponential_gap(seed: u32, rate: f64) -> f64 {
+    let mut z = u64::from(seed).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let u = ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    -u.ln() / rate
+}
+
+/// `KVROUTE_BENCH_ARRIVALS`: `even` (the default) or `poisson`.
+fn arrivals() -> String {
+    std::env::var("KVROUTE_BENCH_ARRIVALS").unwrap_or_else(|_| "even".into())
+}
+
+/// Seconds per phase: `KVROUTE_BENCH_PHASE_S`, default 30.
+fn phase_secs() -> f64 {
+    std::env::var("KVROUTE_BENCH_PHASE_S").ok().and_then(|s| s.parse().ok()).filter(|s: &f64| *s > 0.0).unwrap_or(30.0)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -122,7 +151,7 @@ async fn noisy_neighbour() -> Result<()> {
     let url = stack.envoy().url("/v1/completions");
     let per_request = (PROMPT as f64) + f64::from(OUTPUT);
     let budget_rate = BUDGET as f64 / per_request / 60.0;
-    let (b_rate, a_rate, secs) = (budget_rate / 2.0, budget_rate * 5.0, 30.0);
+    let (b_rate, a_rate, secs) = (budget_rate / 2.0, budget_rate * 5.0, phase_secs());
     println!(
         "budget {BUDGET} tokens/min and {CONCURRENT} concurrent each (~{budget_rate:.2} req/s of {per_request} tokens); B at {b_rate:.2} req/s, A floods at {a_rate:.2} req/s; {secs} s per phase; 2 sims (time scale 1.0)"
     );
@@ -177,14 +206,15 @@ async fn fair_shares_without_budgets() -> Result<()> {
     let url = stack.envoy().url("/v1/completions");
     // The noisy neighbour's rates: a share is half of what the two sims serve.
     let share = BUDGET as f64 / ((PROMPT as f64) + f64::from(OUTPUT)) / 60.0;
-    let (b_rate, a_rate, secs) = (share / 2.0, share * 5.0, 30.0);
-    println!("no budgets, [scheduling] on ({extra:?} over the defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase; 2 sims");
+    let (b_rate, a_rate, secs) = (share / 2.0, share * 5.0, phase_secs());
+    println!("no budgets, [scheduling] on ({extra:?} over the defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase, {} arrivals; 2 sims", arrivals());
     let mut alone = drive(&client, &url, B, b_rate, secs, 110_000).await;
     println!("B alone:        TTFT p50 {:7.1} ms  p99 {:7.1} ms  ({} ok, {} shed)", pct(&mut alone.ttft_ms, 0.5), pct(&mut alone.ttft_ms, 0.99), alone.ok, alone.shed);
     let (mut b, a) = tokio::join!(drive(&client, &url, B, b_rate, secs, 120_000), drive(&client, &url, A, a_rate, secs, 150_000));
     let (b50, b99) = (pct(&mut b.ttft_ms, 0.5), pct(&mut b.ttft_ms, 0.99));
     println!("B + A flooding: TTFT p50 {b50:7.1} ms  p99 {b99:7.1} ms  ({} ok, {} shed); B's p99 {:.2}x alone", b.ok, b.shed, b99 / pct(&mut alone.ttft_ms, 0.99));
-    println!("  B's slowest: {:.1} ms, its request {} of the phase", b.slowest.0, b.slowest.1 - 120_000);
+    let next = b.ttft_ms.len().saturating_sub(2);
+    println!("  B's slowest: {:.1} ms, its request {} of the phase; the next slowest {:.1} ms", b.slowest.0, b.slowest.1 - 120_000, b.ttft_ms.get(next).copied().unwrap_or(f64::NAN));
     println!("A: {} served, {} shed at its deadline, {} other", a.ok, a.shed, a.other);
     let metrics = stack.client.get(stack.state_url("/metrics")).send().await?.text().await?;
     for line in metrics.lines().filter(|l| l.starts_with("kvroute_queue_outcomes_total")) {
