@@ -149,6 +149,11 @@ pub struct CompareArgs {
     /// per class. The class only changes the order of picks with `--scheduling`.
     #[arg(long, value_delimiter = ',', value_parser = parse_class)]
     pub classes: Vec<(String, f64)>,
+    /// Name each pass `POLICY+VARIANT`: what this run's stack adds (`queue` with
+    /// --scheduling, `flow_control` with llm-d's settings), so that the reports of runs with
+    /// different stack settings merge into one table (`kvroute-bench report A B ...`).
+    #[arg(long, value_parser = parse_variant)]
+    pub variant: Option<String>,
     /// Run every policy this many times, round after round (drift over the run reaches every
     /// policy alike); the table adds each policy's medians over the rounds.
     #[arg(long, default_value_t = 1)]
@@ -212,7 +217,15 @@ impl CompareArgs {
             time_scale,
             progress: !self.no_progress,
             peer: None,
+            variant: self.variant.clone(),
         })
+    }
+}
+
+fn parse_variant(s: &str) -> std::result::Result<String, String> {
+    match !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        true => Ok(s.to_string()),
+        false => Err(format!("{s:?}: a variant is letters, digits, '_' and '-'")),
     }
 }
 

@@ -40,6 +40,9 @@ pub struct CompareSpec {
     pub time_scale: f64,
     /// The real SGLang router, for the `sglang_router` row (see [`crate::peer_router`]).
     pub peer: Option<PeerRouter>,
+    /// Passes are named `POLICY+VARIANT` (the stack's configuration, e.g. `queue`), so that
+    /// reports of several configurations merge into one table ([`crate::report::merge`]).
+    pub variant: Option<String>,
 }
 
 fn bar(len: usize, label: String, show: bool) -> ProgressBar {
@@ -132,7 +135,10 @@ pub async fn run_pass(
         pick_answer,
         queue,
         queue_wait,
-        policy: policy.to_string(),
+        policy: match &spec.variant {
+            Some(v) => format!("{policy}+{v}"),
+            None => policy.to_string(),
+        },
         round: 1,
         rate,
         summary: Summary::new(&out.samples, out.duration_s, spec.slo),

@@ -8,7 +8,7 @@ mod soak_cmd;
 mod stack_cmd;
 mod up_cmd;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -48,9 +48,12 @@ enum Cmd {
         #[arg(long)]
         errors: Option<String>,
     },
-    /// Redraw the table and plots from a report.json.
+    /// Redraw the table and plots from a report.json; from several (runs of one workload,
+    /// e.g. one per `--variant` and round), one table with the medians over their rounds.
     Report {
-        json: PathBuf,
+        #[arg(required = true)]
+        json: Vec<PathBuf>,
+        /// Where to write (default: beside a single report; required for several).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -93,12 +96,25 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Report { json, out } => {
-            let mut report: kvroute_bench::report::RunReport = serde_json::from_slice(&std::fs::read(&json)?)?;
-            // Figures derived from the samples and bounds are recomputed: a report written
-            // before a column existed gets it.
-            let bounds = report.bounds.clone();
-            report.passes.iter_mut().for_each(|p| p.relate_to(bounds.as_ref()));
-            let dir = out.unwrap_or_else(|| json.parent().map(PathBuf::from).unwrap_or_default());
+            let dir = match (out, json.as_slice()) {
+                (Some(out), _) => out,
+                (None, [one]) => one.parent().map(PathBuf::from).unwrap_or_default(),
+                (None, _) => anyhow::bail!("several reports merge into a new one: say where with --out"),
+            };
+            let mut reports = Vec::new();
+            for path in &json {
+                let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                let mut report: kvroute_bench::report::RunReport = serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?;
+                // Figures derived from the samples and bounds are recomputed: a report written
+                // before a column existed gets it.
+                let bounds = report.bounds.clone();
+                report.passes.iter_mut().for_each(|p| p.relate_to(bounds.as_ref()));
+                reports.push(report);
+            }
+            let report = match reports.len() {
+                1 => reports.remove(0),
+                _ => kvroute_bench::report::medians::merge(reports).map_err(anyhow::Error::msg)?,
+            };
             output::write(&report, &dir)?;
             print!("{}", kvroute_bench::report::table(&report));
             Ok(())

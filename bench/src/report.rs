@@ -350,6 +350,27 @@ mod tests {
     }
 
     #[test]
+    fn runs_merge_into_rounds_of_one_table() {
+        // Round 1: a run with the queue, then one of the peers; round 2 the same.
+        let runs = vec![
+            run_of(vec![pass("kvroute+queue", 1.0)]),
+            run_of(vec![pass("kvroute", 2.0), pass("llmd_default", 4.0)]),
+            run_of(vec![pass("kvroute+queue", 3.0)]),
+            run_of(vec![pass("kvroute", 2.0), pass("llmd_default", 6.0)]),
+        ];
+        let merged = medians::merge(runs).unwrap();
+        let rounds: Vec<(&str, u32)> = merged.passes.iter().map(|p| (p.policy.as_str(), p.round)).collect();
+        assert_eq!(rounds, [("kvroute+queue", 1), ("kvroute", 1), ("llmd_default", 1), ("kvroute+queue", 2), ("kvroute", 2), ("llmd_default", 2)]);
+        let rows = medians::medians(&merged);
+        let p50 = |policy: &str| rows.iter().find(|r| r.policy == policy).and_then(|r| r.ttft_p50);
+        assert_eq!((p50("kvroute+queue"), p50("kvroute"), p50("llmd_default")), (Some(2.0), Some(2.0), Some(5.0)));
+        assert!(merged.params.as_array().is_some_and(|a| a.len() == 4));
+        // Another workload does not merge.
+        let other = RunReport { workload: "other".into(), ..run_of(vec![pass("kvroute", 1.0)]) };
+        assert!(medians::merge(vec![run_of(vec![]), other]).is_err());
+    }
+
+    #[test]
     fn old_reports_without_reuse_fields_still_load() {
         let mut v = serde_json::to_value(pass("random", 1.0)).unwrap();
         let o = v.as_object_mut().unwrap();

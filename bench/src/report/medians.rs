@@ -1,5 +1,5 @@
-//! Medians over repeated rounds (`--repeat N`): one row per (rate, policy) that ran more than
-//! once. A single pass of a saturated workload moves by tens of percent between runs (a
+//! Medians over repeated rounds (`--repeat N`, or the reports of several runs merged by
+//! [`merge`]): one row per (rate, policy) that ran more than once. A single pass of a saturated workload moves by tens of percent between runs (a
 //! burst's queues are chaotic), so a claim about policies rests on these, not on one row.
 
 use super::{PassResult, RunReport};
@@ -45,6 +45,35 @@ pub fn medians(report: &RunReport) -> Vec<MedianRow> {
             reuse: median(passes.iter().map(|p| p.first_scheduled.as_ref().and_then(|r| r.total))),
         })
         .collect()
+}
+
+/// The reports of several runs of one workload as one report, each (policy, rate)'s passes
+/// numbered as rounds in the order given: the way to put variants that need different stacks
+/// (with and without a queue, each named by `--variant`) into the same rounds, one run of
+/// each per round. `params` becomes the list of the runs' parameters.
+pub fn merge(reports: Vec<RunReport>) -> Result<RunReport, String> {
+    let mut reports = reports.into_iter();
+    let mut merged = reports.next().ok_or("no report to merge")?;
+    merged.params = serde_json::Value::Array(vec![std::mem::take(&mut merged.params)]);
+    for r in reports {
+        if r.workload != merged.workload || r.time_scale != merged.time_scale || r.slo != merged.slo {
+            return Err(format!(
+                "reports of different runs: workload {} at time scale {} and SLO {:?} against {} at {} and {:?}",
+                r.workload, r.time_scale, r.slo, merged.workload, merged.time_scale, merged.slo
+            ));
+        }
+        if let serde_json::Value::Array(all) = &mut merged.params {
+            all.push(r.params);
+        }
+        merged.passes.extend(r.passes);
+    }
+    let mut seen: Vec<(String, Option<f64>)> = Vec::new();
+    for p in &mut merged.passes {
+        let key = (p.policy.clone(), p.rate);
+        p.round = 1 + seen.iter().filter(|k| **k == key).count() as u32;
+        seen.push(key);
+    }
+    Ok(merged)
 }
 
 /// The medians as a markdown table (empty when nothing ran twice).
