@@ -17,9 +17,12 @@
 //! The order ([`queue::Queue`]): service classes strictly by their order; within a class,
 //! tenants by deficit round robin over the prefill tokens their requests are predicted to
 //! cost (weights from `[scheduling.tenants]`); within a tenant, shortest predicted prefill
-//! first, aged by `aging_tokens_per_s` so that a request of `c` tokens is overtaken by
-//! shorter new ones for at most `c / aging_tokens_per_s` seconds. Every queued request leaves
-//! by its class's `queue_deadline_ms`: dispatched, or shed with a 503 and `Retry-After`.
+//! first, aged so that a request is overtaken by newer, shorter ones for at most
+//! `aging_slowdown` times its own predicted prefill time (its tokens at the model's median
+//! calibrated cost per token: the bound is in the engines' time, whatever their speed). Every
+//! queued request leaves by its class's `queue_deadline_ms`: dispatched, or shed with a 503
+//! and `Retry-After`; under overload that outlasts a class's deadline, the longest prompts,
+//! the most overtaken, are the first shed.
 //!
 //! Headroom (`headroom_workers`, off by default): a flow (a class and tenant) that has more
 //! picks queued behind the one being dispatched is over its share; while another flow of the
@@ -72,7 +75,7 @@ pub struct SchedulingConfig {
     /// flow control and of Dynamo's router queue, kept to compare with them).
     pub wait_when: WaitWhen,
     /// The order within a tenant: `shortest_first` (predicted prefill, aged by
-    /// `aging_tokens_per_s`) or `fifo` (arrival; llm-d's and Dynamo's order).
+    /// `aging_slowdown`) or `fifo` (arrival; llm-d's and Dynamo's order).
     pub order: Order,
     /// How long one call of the proxy is held waiting for a decision (ms): also the most a
     /// replica that dies holding a queued pick can cost it before the proxy falls back.
@@ -83,8 +86,10 @@ pub struct SchedulingConfig {
     /// Workers kept free of new prefills for flows under their share while a backlogged flow
     /// waits (0: off; the rule is in [`crate::sched`]).
     pub headroom_workers: u32,
-    /// Within a tenant, a queued request gains this many tokens of priority per second waited.
-    pub aging_tokens_per_s: f64,
+    /// Within a tenant, shortest first: a queued request is overtaken by newer, shorter ones
+    /// for at most this many times its own predicted prefill time (ms waited earn priority
+    /// worth `1 / aging_slowdown` ms of prefill).
+    pub aging_slowdown: f64,
     /// Deficit round robin quantum: prefill tokens a tenant of weight 1 may dispatch per round.
     pub quantum_tokens: u64,
     /// Most picks queued per model; more are shed at once.
@@ -151,7 +156,7 @@ impl Default for SchedulingConfig {
         SchedulingConfig {
             enabled: false,
             max_engine_waiting: 0,
-            max_unstarted: 2,
+            max_unstarted: 1,
             saturation_wait_ms: 0.0,
             max_kv_usage: 0.97,
             max_unstarted_tokens: 0,
@@ -160,7 +165,7 @@ impl Default for SchedulingConfig {
             wait_ms: 500,
             unclaimed_ms: 2_000,
             headroom_workers: 0,
-            aging_tokens_per_s: 8_192.0,
+            aging_slowdown: 10.0,
             quantum_tokens: 8_192,
             max_queued: 10_000,
             default_class: "standard".into(),
@@ -196,8 +201,8 @@ impl SchedulingConfig {
         if self.max_engine_waiting == 0 && self.max_unstarted == 0 && self.max_unstarted_tokens == 0 && self.saturation_wait_ms == 0.0 && self.max_kv_usage >= 1.0 {
             out.push("scheduling: every saturation bound is off, so nothing would ever wait".into());
         }
-        if !(self.saturation_wait_ms >= 0.0 && self.aging_tokens_per_s >= 0.0 && self.max_kv_usage > 0.0) {
-            out.push("scheduling.saturation_wait_ms and aging_tokens_per_s must be >= 0, max_kv_usage > 0".into());
+        if !(self.saturation_wait_ms >= 0.0 && self.aging_slowdown > 0.0 && self.max_kv_usage > 0.0) {
+            out.push("scheduling.saturation_wait_ms must be >= 0, aging_slowdown and max_kv_usage > 0".into());
         }
         out
     }
@@ -214,16 +219,35 @@ impl SchedulingConfig {
         }
     }
 
-    /// The aging rate the queue orders a tenant's picks by: FIFO is infinite aging (the
-    /// oldest first, whatever its cost).
-    pub fn aging_per_s(&self) -> f64 {
+    /// The aging rate the queue orders a tenant's picks by, in prefill tokens of priority per
+    /// second waited, for workers that prefill a token in `per_token_ms`: a request of `c`
+    /// tokens is overtaken for at most `c / rate` s = `aging_slowdown` x its prefill time.
+    /// FIFO is infinite aging (the oldest first, whatever its cost).
+    pub fn aging_per_s(&self, per_token_ms: f64) -> f64 {
         match self.order {
-            Order::ShortestFirst => self.aging_tokens_per_s,
+            Order::ShortestFirst => 1_000.0 / (per_token_ms.max(1e-6) * self.aging_slowdown),
             Order::Fifo => f64::INFINITY,
         }
     }
 
     pub fn weight_of(&self, tenant: &str) -> u32 {
         self.tenants.get(tenant).map_or(1, |t| t.weight.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aging_bounds_how_long_a_request_is_overtaken_in_the_engines_time() {
+        let c = SchedulingConfig { aging_slowdown: 10.0, ..SchedulingConfig::default() };
+        // 0.3 ms a token: a 10,000-token prompt prefills in 3 s and is overtaken for 30 s.
+        let rate = c.aging_per_s(0.3);
+        assert!((10_000.0 / rate - 30.0).abs() < 1e-9, "{rate}");
+        // Engines four times as fast: the same prompt is overtaken a quarter as long.
+        assert!((10_000.0 / c.aging_per_s(0.075) - 7.5).abs() < 1e-9);
+        let fifo = SchedulingConfig { order: Order::Fifo, ..c };
+        assert!(fifo.aging_per_s(0.3).is_infinite());
     }
 }

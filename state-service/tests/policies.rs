@@ -333,6 +333,7 @@ async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_sha
     let headroom = |n: u32| {
         move |c: &mut kvroute_state::config::Config| {
             c.scheduling.enabled = true;
+            c.scheduling.max_unstarted = 2;
             c.scheduling.headroom_workers = n;
         }
     };

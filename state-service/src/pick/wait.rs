@@ -227,7 +227,7 @@ impl Scheduler {
         if let Plan::Chosen(chosen) = plan {
             let c = chosen.candidate();
             let until = Instant::now() + Duration::from_secs_f64((c.prediction.ttft_ms / 1000.0).clamp(0.0, MAX_SHIELD.as_secs_f64()));
-self.inner.lock().shielded.insert(c.worker.id.clone(), until);
+            self.inner.lock().shielded.insert(c.worker.id.clone(), until);
         }
     }
 
@@ -386,9 +386,10 @@ impl Picker {
         if s.inner.lock().idle_pass.get(model).is_some_and(|(sig, at)| *sig == signature && at.elapsed() < RESCAN) {
             return;
         }
+        let aging = s.config.aging_per_s(median_per_token_ms(&view).unwrap_or(self.config.priors.per_token_ms));
         let (mut held, mut dispatched) = (Vec::new(), 0usize);
         while held.len() + dispatched < MAX_SCAN && room(&view) {
-            let next = s.inner.lock().queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), s.config.aging_per_s(), s.config.quantum_tokens));
+            let next = s.inner.lock().queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), aging, s.config.quantum_tokens));
             let Some(entry) = next else { break };
             let job = &entry.job;
             let mut candidates = self.in_pool(&job.req, view.clone());
@@ -562,6 +563,14 @@ fn placed(w: &mut WorkerView, uncached: u32) {
     p.waiting += 1;
     p.waiting_tokens += u64::from(uncached);
     p.in_flight_tokens += u64::from(uncached);
+}
+
+/// The model's workers' median calibrated prefill cost per token (what the queue's aging is
+/// measured in), if it has workers.
+fn median_per_token_ms(view: &ModelView) -> Option<f64> {
+    let mut costs: Vec<f64> = view.workers.iter().map(|w| w.per_token_ms).filter(|c| c.is_finite() && *c > 0.0).collect();
+    costs.sort_by(f64::total_cmp);
+    costs.get(costs.len() / 2).copied()
 }
 
 /// What a pass's outcome depends on besides the clock: each worker's load and our picks on
