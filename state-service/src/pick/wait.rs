@@ -6,15 +6,17 @@
 //! decision made while the proxy was between calls waits `unclaimed_ms` for the next call,
 //! then its assignment is cancelled.
 
+mod headroom;
+
 use super::plan::Plan;
 use super::prompt::Keyed;
 use super::{rejected, Picker};
 use crate::assign::AssignmentId;
 use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
-use crate::sched::{SchedulingConfig, WaitWhen, FLOW_MEMORY};
+use crate::sched::{SchedulingConfig, WaitWhen};
+use headroom::Headroom;
 use kvroute_core::wire::{BudgetLimit, PickRequest, PickResponse, QueuedPick, Rejection};
-use kvroute_kv::types::WorkerId;
 use kvroute_score::Policy;
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -69,32 +71,17 @@ struct Inner {
     unclaimed: HashMap<u64, Unclaimed>,
     /// Per model, the signature of the fleet at the last pass that dispatched nothing.
     idle_pass: HashMap<String, (u64, Instant)>,
-    /// Per model, when each flow (class, tenant) last placed a pick (kept for headroom only).
-    flows: HashMap<String, HashMap<(String, String), Instant>>,
-    /// Workers a pick of a flow under its share went to, until its predicted first token.
-    shielded: HashMap<WorkerId, Instant>,
+    /// Flows and shielded workers, for `headroom_workers` only.
+    headroom: Headroom,
 }
 
 impl Inner {
-    fn shielded(&self, worker: &WorkerId, now: Instant) -> bool {
-        self.shielded.get(worker).is_some_and(|until| *until > now)
-    }
-
-    fn flow_placed(&mut self, model: &str, class: &str, tenant: &str, now: Instant) {
-        let flows = self.flows.entry(model.to_string()).or_default();
-        flows.retain(|_, at| now.duration_since(*at) < FLOW_MEMORY);
-        flows.insert((class.to_string(), tenant.to_string()), now);
-    }
-
     /// The rule of `headroom_workers` ([`crate::sched`]): a pick of a flow with more picks
     /// queued, while another flow of the model is active, leaves headroom free.
     /// `held`: the pass holds others of its flow, out of the queue until it ends.
     fn keeps_headroom(&self, model: &str, class: &str, tenant: &str, held: bool, now: Instant) -> bool {
         let backlogged = held || self.queues.get(model).is_some_and(|q| q.flow_len(class, tenant) > 0);
-        let others = |flows: &HashMap<(String, String), Instant>| {
-            flows.iter().any(|((c, t), at)| (c != class || t != tenant) && now.duration_since(*at) < FLOW_MEMORY)
-        };
-        backlogged && self.flows.get(model).is_some_and(others)
+        self.headroom.keeps(model, class, tenant, backlogged, now)
     }
 }
 
@@ -215,7 +202,7 @@ impl Scheduler {
     /// A pick of `class` placed without waiting: its flow is active (for headroom).
     fn placed_now(&self, req: &PickRequest, class: &str) {
         if self.config.headroom_workers > 0 {
-            self.inner.lock().flow_placed(&req.model, class, &req.tenant, Instant::now());
+            self.inner.lock().headroom.placed(&req.model, class, &req.tenant, Instant::now());
         }
     }
 
@@ -227,7 +214,7 @@ impl Scheduler {
         if let Plan::Chosen(chosen) = plan {
             let c = chosen.candidate();
             let until = Instant::now() + Duration::from_secs_f64((c.prediction.ttft_ms / 1000.0).clamp(0.0, MAX_SHIELD.as_secs_f64()));
-            self.inner.lock().shielded.insert(c.worker.id.clone(), until);
+            self.inner.lock().headroom.shield(&c.worker.id, until);
         }
     }
 
@@ -399,8 +386,7 @@ impl Picker {
             let held_of_flow = || held.iter().any(|e: &Entry<Job>| e.tenant == entry.tenant && e.job.class == job.class);
             let backlogged = headroom > 0 && s.inner.lock().keeps_headroom(model, &job.class, &entry.tenant, held_of_flow(), Instant::now());
             if backlogged {
-                let (inner, now) = (s.inner.lock(), Instant::now());
-                leave_headroom(&mut candidates.workers, headroom as usize, |w| inner.shielded(&w.entry.id, now));
+                s.inner.lock().headroom.leave(&mut candidates.workers, headroom as usize, Instant::now());
             }
             let hold = match s.config.wait_when {
                 WaitWhen::BestSaturated => true,
@@ -463,7 +449,7 @@ impl Picker {
             return;
         }
         if s.config.headroom_workers > 0 {
-            s.inner.lock().flow_placed(&req.model, &class, &tenant_name, Instant::now());
+            s.inner.lock().headroom.placed(&req.model, &class, &tenant_name, Instant::now());
         }
         let waited = since.elapsed();
         s.metrics.wait.get_or_create(&QueueLabels { class: class.clone(), tenant: tenant.clone() }).observe(waited.as_secs_f64());
@@ -539,20 +525,6 @@ impl Picker {
             }
         }
     }
-}
-
-/// Takes from `workers` the `n` kept from a backlogged flow: first those `shielded` (prefilling
-/// a pick of a flow under its share), then those with the fewest of our picks waiting to start
-/// (the first listed on ties), which drain to free and stay free for others.
-fn leave_headroom(workers: &mut Vec<WorkerView>, n: usize, shielded: impl Fn(&WorkerView) -> bool) {
-    let mut by_unstarted: Vec<usize> = (0..workers.len()).collect();
-    by_unstarted.sort_by_key(|&i| (!shielded(&workers[i]), workers[i].pending.waiting));
-    let kept: std::collections::HashSet<usize> = by_unstarted.into_iter().take(n).collect();
-    let mut i = 0;
-    workers.retain(|_| {
-        i += 1;
-        !kept.contains(&(i - 1))
-    });
 }
 
 /// `w` as it will be once a pick of `uncached` prefill tokens is placed on it (dispatched, or
