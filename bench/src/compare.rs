@@ -41,7 +41,7 @@ pub struct CompareSpec {
     /// The real SGLang router, for the `sglang_router` row (see [`crate::peer_router`]).
     pub peer: Option<PeerRouter>,
     /// Passes are named `POLICY+VARIANT` (the stack's configuration, e.g. `queue`), so that
-    /// reports of several configurations merge into one table ([`crate::report::merge`]).
+    /// reports of several configurations merge into one table ([`crate::report::medians::merge`]).
     pub variant: Option<String>,
 }
 

@@ -39,9 +39,17 @@ impl FirstScheduled {
 }
 
 /// A histogram's cumulative bucket counts (upper bound, count), ascending, `+Inf` last: the
-/// state service's pick answer times, as a delta over one pass.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+/// state service's pick answer times, as a delta over one pass. JSON has no infinity, so the
+/// last bound is written `null` and read back as `+Inf`.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Buckets(pub Vec<(f64, f64)>);
+
+impl<'de> Deserialize<'de> for Buckets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Buckets, D::Error> {
+        let raw: Vec<(Option<f64>, f64)> = Deserialize::deserialize(d)?;
+        Ok(Buckets(raw.into_iter().map(|(le, n)| (le.unwrap_or(f64::INFINITY), n)).collect()))
+    }
+}
 
 impl Buckets {
     /// `self - before`, bucket by bucket (the same bounds).
@@ -83,6 +91,14 @@ impl Buckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_read_back_their_infinite_bound() {
+        let b = Buckets(vec![(0.5, 2.0), (f64::INFINITY, 3.0)]);
+        let json = serde_json::to_string(&b).unwrap();
+        assert_eq!(json, "[[0.5,2.0],[null,3.0]]");
+        assert_eq!(serde_json::from_str::<Buckets>(&json).unwrap(), b);
+    }
 
     #[test]
     fn quantiles_interpolate_inside_buckets() {
