@@ -58,6 +58,20 @@ pub struct Assignment {
     pub background: bool,
 }
 
+impl Assignment {
+    /// The prompt's tokens the pick expected from cache.
+    pub fn cached_tokens(&self) -> u32 {
+        self.prompt_tokens.saturating_sub(self.uncached_tokens)
+    }
+
+    /// When the pick predicted its first token (a prediction that is not a finite duration
+    /// counts as none: due at once).
+    pub fn first_token_due(&self) -> Instant {
+        let ttft = std::time::Duration::try_from_secs_f64(self.predicted_ttft_ms / 1000.0).unwrap_or_default();
+        self.created_at + ttft
+    }
+}
+
 /// What a report did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ReportOutcome {

@@ -2,7 +2,9 @@
 //! would serve them best is saturated, and are bound to a worker only when one has room.
 //!
 //! The rule (all stated in [`SchedulingConfig`]): a worker is *saturated* when `max_unstarted`
-//! of our picks there still lack a first token (known at once, from the proxy's reports), or
+//! of our picks there still lack a first token (from the proxy's reports; one fewer counts
+//! once all of them are past their predicted first token, since a proxy sends reports on its
+//! tick: else the engine would idle until the report came), or
 //! its KV cache is at least `max_kv_usage` full, or (each off at 0, the default) its engine
 //! already queues `max_engine_waiting` requests (scraped `num_requests_waiting`: up to a scrape
 //! interval stale, for workers that also serve traffic this router does not place), or our
@@ -61,7 +63,8 @@ pub struct SchedulingConfig {
     /// started stays "saturated" until the next scrape. For workers that also serve traffic
     /// this router does not place; its own picks are counted at once by `max_unstarted`.
     pub max_engine_waiting: u32,
-    /// ... or this many of our picks there lack a first token (0: off).
+    /// ... or this many of our picks there lack a first token (0: off); once every one of
+    /// them is past its predicted first token, one fewer counts (the report is on its way).
     pub max_unstarted: u32,
     /// ... or the prefill waiting there would delay a new request this long (ms; 0: off).
     pub saturation_wait_ms: f64,

@@ -326,6 +326,8 @@ async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
     assert_eq!(now.worker_id, "a");
 }
 
+// Runs in well under the picks' predicted first tokens (~120 ms), which shields and the
+// unstarted count read.
 #[tokio::test]
 async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_share() {
     use kvroute_state::assign::AssignmentId;
@@ -382,4 +384,43 @@ async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_sha
         // The last of A's queue is no longer over A's share: it goes where it is best.
         assert!(!within(queued.remove(0)).await.worker_id.is_empty());
     }
+}
+
+/// A proxy sends its reports on a tick (100 ms by default): a worker whose unstarted picks
+/// are all past their predicted first token takes one more queued pick before the report
+/// comes, so that the engine does not idle waiting for it; never more than one ahead.
+#[tokio::test(start_paused = true)]
+async fn a_worker_past_its_picks_predicted_first_token_takes_one_more_before_the_report() {
+    use kvroute_state::assign::AssignmentId;
+    use kvroute_state::pick::Picked;
+    let (state, _) = state_with(vec![worker("a")], |c| c.scheduling.enabled = true);
+    let of = |id: u64| PickRequest { assignment_id: id, ..req("m", &tokens(id as u32 * 10_000..id as u32 * 10_000 + 2_000)) };
+    let Picked::Decided(first) = state.picker.pick_or_queue(&of(1), Deadline::default()).await else { panic!("an idle worker") };
+    let after_ttft = |r: &PickResponse| std::time::Duration::from_secs_f64(r.predicted_ttft_ms / 1000.0) + std::time::Duration::from_millis(1);
+    let queue = |id: u64| {
+        let state = &state;
+        async move {
+            match state.picker.pick_or_queue(&of(id), Deadline::default()).await {
+                Picked::Queued(w) => w,
+                Picked::Decided(r) => panic!("a's unstarted pick saturates it (max_unstarted 1): {r:?}"),
+            }
+        }
+    };
+    let (second, third) = (queue(2).await, queue(3).await);
+    state.picker.dispatch_once().await;
+    let short = || Some(std::time::Instant::now() + std::time::Duration::from_millis(5));
+    tokio::time::advance(after_ttft(&first)).await;
+    state.picker.dispatch_once().await;
+    let second = tokio::time::timeout(std::time::Duration::from_secs(1), second.decision()).await.expect("dispatched before the report");
+    assert_eq!(second.worker_id, "a", "the first is past its predicted first token: the next goes before its report");
+    tokio::time::advance(after_ttft(&second)).await;
+    state.picker.dispatch_once().await;
+    let third = third.answer(short()).await;
+    assert!(third.queued.is_some(), "two unreported past their first token still count as one: {third:?}");
+    state.fleet.first_token(AssignmentId(1), first.predicted_ttft_ms, Instant::now());
+    state.picker.dispatch_once().await;
+    let Picked::Decided(third) = state.picker.pick_or_queue(&PickRequest { ticket: 3, ..of(3) }, Deadline::default()).await else {
+        panic!("the first's report came and the second is past its first token")
+    };
+    assert_eq!(third.worker_id, "a");
 }

@@ -10,7 +10,7 @@
 use super::{Assignment, AssignmentId, ReportOutcome};
 use kvroute_kv::hasher::SeededState;
 use kvroute_kv::types::WorkerId;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -41,6 +41,53 @@ pub struct Pending {
     /// estimate of the union: requests on one worker mostly share the prefix that made them
     /// land there).
     pub max_cached_tokens: u64,
+    /// The latest predicted first token among the waiting ones (none waiting: `None`).
+    pub last_first_token_due: Option<Instant>,
+}
+
+impl Pending {
+    /// The waiting picks that count as not started at `now`: all of them, less one when every
+    /// one is past its predicted first token. Its report is then most likely on its way (a
+    /// proxy flushes reports on its tick, 100 ms by default) while the engine, done with the
+    /// prefill, has nothing of ours left to start: one more may go there. At most one: a
+    /// worker slower than predicted gets one pick ahead, never a pile.
+    pub fn unstarted_at(&self, now: Instant) -> u32 {
+        let all_due = self.last_first_token_due.is_some_and(|t| t <= now);
+        self.waiting.saturating_sub(u32::from(all_due))
+    }
+}
+
+/// Per worker, a multiset of keys (key -> how many), of which the largest is read.
+#[derive(Debug)]
+struct Largest<K>(HashMap<WorkerId, BTreeMap<K, u32>, SeededState>);
+
+impl<K: Ord + Copy> Largest<K> {
+    fn add(&mut self, worker: &WorkerId, key: K) {
+        *self.0.entry(worker.clone()).or_default().entry(key).or_insert(0) += 1;
+    }
+
+    fn remove(&mut self, worker: &WorkerId, key: K) {
+        let Some(m) = self.0.get_mut(worker) else { return };
+        if let Some(n) = m.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&key);
+            }
+        }
+        if m.is_empty() {
+            self.0.remove(worker);
+        }
+    }
+
+    fn largest(&self, worker: &WorkerId) -> Option<K> {
+        self.0.get(worker).and_then(|m| m.keys().next_back().copied())
+    }
+}
+
+impl<K> Default for Largest<K> {
+    fn default() -> Self {
+        Largest(HashMap::default())
+    }
 }
 
 /// Assignments freed by a sweep, by which TTL ran out.
@@ -56,8 +103,10 @@ pub struct Assignments {
     first_token_ttl: Duration,
     by_id: HashMap<AssignmentId, Assignment, SeededState>,
     per_worker: HashMap<WorkerId, Pending, SeededState>,
-    /// Per worker, the cached parts of its in-flight assignments (a multiset: tokens -> count).
-    cached: HashMap<WorkerId, std::collections::BTreeMap<u32, u32>, SeededState>,
+    /// Per worker, the cached parts of its in-flight assignments.
+    cached: Largest<u32>,
+    /// Per worker, the predicted first tokens of its assignments without one yet.
+    due: Largest<Instant>,
     /// Every assignment, oldest first; and those still without a first token.
     by_age: BTreeSet<(Instant, AssignmentId)>,
     waiting_by_age: BTreeSet<(Instant, AssignmentId)>,
@@ -81,7 +130,8 @@ impl Assignments {
             first_token_ttl,
             by_id: HashMap::default(),
             per_worker: HashMap::default(),
-            cached: HashMap::default(),
+            cached: Largest::default(),
+            due: Largest::default(),
             by_age: BTreeSet::new(),
             waiting_by_age: BTreeSet::new(),
             capacity: capacity.max(1),
@@ -127,7 +177,8 @@ impl Assignments {
 
     pub fn pending(&self, worker: &WorkerId) -> Pending {
         let mut p = self.per_worker.get(worker).copied().unwrap_or_default();
-        p.max_cached_tokens = self.cached.get(worker).and_then(|m| m.keys().next_back()).map_or(0, |&t| u64::from(t));
+        p.max_cached_tokens = self.cached.largest(worker).map_or(0, u64::from);
+        p.last_first_token_due = self.due.largest(worker);
         p
     }
 
@@ -159,11 +210,12 @@ impl Assignments {
             self.waiting_by_age.insert((a.created_at, a.id));
         }
         let std::collections::hash_map::Entry::Vacant(slot) = self.by_id.entry(a.id) else { return Insert::Known };
-        *self.cached.entry(a.worker.clone()).or_default().entry(a.prompt_tokens.saturating_sub(a.uncached_tokens)).or_insert(0) += 1;
+        self.cached.add(&a.worker, a.cached_tokens());
         let p = self.per_worker.entry(a.worker.clone()).or_default();
         p.in_flight += 1;
         p.in_flight_tokens += u64::from(a.uncached_tokens);
         if a.first_token_at.is_none() {
+            self.due.add(&a.worker, a.first_token_due());
             p.waiting += 1;
             p.waiting_tokens += u64::from(a.uncached_tokens);
         }
@@ -188,6 +240,7 @@ impl Assignments {
         a.first_token_at = Some(now);
         let a = a.clone();
         self.waiting_by_age.remove(&(a.created_at, id));
+        self.due.remove(&a.worker, a.first_token_due());
         if let Some(p) = self.per_worker.get_mut(&a.worker) {
             p.waiting = p.waiting.saturating_sub(1);
             p.waiting_tokens = p.waiting_tokens.saturating_sub(u64::from(a.uncached_tokens));
@@ -233,7 +286,8 @@ impl Assignments {
         let n = self.by_id.len();
         self.by_id.clear();
         self.per_worker.clear();
-        self.cached.clear();
+        self.cached = Largest::default();
+        self.due = Largest::default();
         self.by_age.clear();
         self.waiting_by_age.clear();
         n
@@ -248,17 +302,9 @@ impl Assignments {
     }
 
     fn untrack(&mut self, a: &Assignment) {
-        if let Some(m) = self.cached.get_mut(&a.worker) {
-            let cached = a.prompt_tokens.saturating_sub(a.uncached_tokens);
-            if let Some(n) = m.get_mut(&cached) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&cached);
-                }
-            }
-            if m.is_empty() {
-                self.cached.remove(&a.worker);
-            }
+        self.cached.remove(&a.worker, a.cached_tokens());
+        if a.first_token_at.is_none() {
+            self.due.remove(&a.worker, a.first_token_due());
         }
         let Some(p) = self.per_worker.get_mut(&a.worker) else { return };
         p.in_flight = p.in_flight.saturating_sub(1);
@@ -307,14 +353,30 @@ mod tests {
         let w = WorkerId::new("w");
         t.insert(assignment(1, "w", 100, now));
         t.insert(assignment(2, "w", 50, now + Duration::from_millis(1)));
-        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 2, waiting_tokens: 150, in_flight_tokens: 150, max_cached_tokens: 0 });
+        let due = Some(now + Duration::from_millis(11)); // the later one's predicted 10 ms
+        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 2, waiting_tokens: 150, in_flight_tokens: 150, max_cached_tokens: 0, last_first_token_due: due });
         assert!(matches!(t.first_token(AssignmentId(1), now), ReportOutcome::FirstToken(_)));
         assert_eq!(t.first_token(AssignmentId(1), now), ReportOutcome::Duplicate);
-        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 1, waiting_tokens: 50, in_flight_tokens: 150, max_cached_tokens: 0 });
+        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 1, waiting_tokens: 50, in_flight_tokens: 150, max_cached_tokens: 0, last_first_token_due: due });
         assert!(matches!(t.finish(AssignmentId(1)), ReportOutcome::Freed(_)));
         assert!(matches!(t.finish(AssignmentId(2)), ReportOutcome::Freed(_)));
         assert_eq!(t.finish(AssignmentId(2)), ReportOutcome::Unknown);
         assert_eq!((t.pending(&w), t.len()), (Pending::default(), 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_pick_counts_as_started_once_every_waiting_one_is_past_its_predicted_first_token() {
+        let mut t = table();
+        let now = Instant::now();
+        let w = WorkerId::new("w");
+        t.insert(assignment(1, "w", 100, now));
+        t.insert(assignment(2, "w", 50, now + Duration::from_millis(5)));
+        let unstarted = |t: &Assignments, after_ms: u64| t.pending(&w).unstarted_at(now + Duration::from_millis(after_ms));
+        assert_eq!((unstarted(&t, 12), unstarted(&t, 15), unstarted(&t, 1_000)), (2, 1, 1), "one less only once the last is due");
+        t.first_token(AssignmentId(2), now);
+        assert_eq!((unstarted(&t, 9), unstarted(&t, 10)), (1, 0), "the later one reported: the earlier one's due counts");
+        t.finish(AssignmentId(1));
+        assert_eq!(t.pending(&w).last_first_token_due, None, "a freed pick leaves no due time behind");
     }
 
     #[tokio::test(start_paused = true)]

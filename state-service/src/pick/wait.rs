@@ -193,7 +193,7 @@ impl Scheduler {
             queued_tokens as f64 * w.per_token_ms
         };
         at(c.max_engine_waiting, w.load.waiting)
-            || at(c.max_unstarted, w.pending.waiting)
+            || at(c.max_unstarted, w.pending.unstarted_at(Instant::now()))
             || (c.max_unstarted_tokens > 0 && w.pending.waiting_tokens >= c.max_unstarted_tokens)
             || w.load.kv_usage >= c.max_kv_usage
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
@@ -406,7 +406,7 @@ impl Picker {
                 let id = &chosen.candidate().worker.id;
                 if let Some(w) = view.workers.iter_mut().find(|w| w.entry.id == *id) {
                     let busy = hold && s.saturated(w, tokens);
-                    placed(w, chosen.uncached_tokens());
+                    placed(w, chosen.uncached_tokens(), chosen.candidate().prediction.ttft_ms);
                     if busy {
                         held.push(entry);
                         continue;
@@ -529,8 +529,10 @@ impl Picker {
 
 /// `w` as it will be once a pick of `uncached` prefill tokens is placed on it (dispatched, or
 /// held for it).
-fn placed(w: &mut WorkerView, uncached: u32) {
+fn placed(w: &mut WorkerView, uncached: u32, ttft_ms: f64) {
     let p = &mut w.pending;
+    let due = Instant::now() + Duration::try_from_secs_f64(ttft_ms / 1000.0).unwrap_or_default();
+    p.last_first_token_due = p.last_first_token_due.max(Some(due));
     p.in_flight += 1;
     p.waiting += 1;
     p.waiting_tokens += u64::from(uncached);
@@ -549,12 +551,12 @@ fn median_per_token_ms(view: &ModelView) -> Option<f64> {
 /// it, and the queue's length.
 fn signature(view: &ModelView, queued: usize) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let (mut h, now) = (std::collections::hash_map::DefaultHasher::new(), Instant::now());
     queued.hash(&mut h);
     for w in &view.workers {
         w.entry.id.hash(&mut h);
         (w.load.waiting, w.load.running, w.load.kv_usage.to_bits()).hash(&mut h);
-        (w.pending.in_flight, w.pending.waiting, w.pending.waiting_tokens).hash(&mut h);
+        (w.pending.in_flight, w.pending.unstarted_at(now), w.pending.waiting_tokens).hash(&mut h);
     }
     h.finish()
 }
