@@ -70,6 +70,13 @@ impl Assignment {
         let ttft = std::time::Duration::try_from_secs_f64(self.predicted_ttft_ms / 1000.0).unwrap_or_default();
         self.created_at + ttft
     }
+
+    /// The part of the predicted first token that is the pick's own prefill (the rest is the
+    /// queue ahead of it): its share of the prompt tokens the prediction has prefilled first.
+    pub fn own_prefill(&self) -> std::time::Duration {
+        let share = if self.features.tokens > 0.0 { (f64::from(self.uncached_tokens) / self.features.tokens).min(1.0) } else { 1.0 };
+        std::time::Duration::try_from_secs_f64(self.predicted_ttft_ms * share / 1000.0).unwrap_or_default()
+    }
 }
 
 /// What a report did.

@@ -41,7 +41,8 @@ pub struct Pending {
     /// estimate of the union: requests on one worker mostly share the prefix that made them
     /// land there).
     pub max_cached_tokens: u64,
-    /// The latest predicted first token among the waiting ones (none waiting: `None`).
+    /// The latest first token due among the waiting ones (none waiting: `None`): predicted,
+    /// or sooner once a first token came on the worker (see `Dues`).
     pub last_first_token_due: Option<Instant>,
 }
 
@@ -90,6 +91,63 @@ impl<K> Default for Largest<K> {
     }
 }
 
+/// Per worker, when each of its assignments without a first token is due to have one, oldest
+/// pick first. A pick is due at its predicted first token, or sooner once the engine has
+/// started the picks before it: its prediction counted those picks' whole prefill as the
+/// queue ahead of it, but when a first token is reported the engine has done that prefill
+/// already, so each later pick is due within its own prefill of the report (in pick order,
+/// the engine's FIFO). Without this, a worker whose picks came faster than predicted would
+/// wait for its last pick's report before it took the next, and idle meanwhile.
+#[derive(Debug, Default)]
+struct Dues {
+    by_worker: HashMap<WorkerId, BTreeMap<(Instant, AssignmentId), Due>, SeededState>,
+    latest: Largest<Instant>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Due {
+    at: Instant,
+    /// The pick's own prefill, as its prediction has it.
+    own: Duration,
+}
+
+impl Dues {
+    fn add(&mut self, a: &Assignment) {
+        let at = a.first_token_due();
+        self.by_worker.entry(a.worker.clone()).or_default().insert((a.created_at, a.id), Due { at, own: a.own_prefill() });
+        self.latest.add(&a.worker, at);
+    }
+
+    fn remove(&mut self, a: &Assignment) {
+        let Some(picks) = self.by_worker.get_mut(&a.worker) else { return };
+        if let Some(d) = picks.remove(&(a.created_at, a.id)) {
+            self.latest.remove(&a.worker, d.at);
+        }
+        if picks.is_empty() {
+            self.by_worker.remove(&a.worker);
+        }
+    }
+
+    /// The engine of `worker` reported a first token at `now`: the picks still waiting there
+    /// are due, one after another, within their own prefill.
+    fn started(&mut self, worker: &WorkerId, now: Instant) {
+        let Some(picks) = self.by_worker.get_mut(worker) else { return };
+        let mut t = now;
+        for d in picks.values_mut() {
+            t += d.own;
+            if t < d.at {
+                self.latest.remove(worker, d.at);
+                self.latest.add(worker, t);
+                d.at = t;
+            }
+        }
+    }
+
+    fn latest(&self, worker: &WorkerId) -> Option<Instant> {
+        self.latest.largest(worker)
+    }
+}
+
 /// Assignments freed by a sweep, by which TTL ran out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Expired {
@@ -105,8 +163,8 @@ pub struct Assignments {
     per_worker: HashMap<WorkerId, Pending, SeededState>,
     /// Per worker, the cached parts of its in-flight assignments.
     cached: Largest<u32>,
-    /// Per worker, the predicted first tokens of its assignments without one yet.
-    due: Largest<Instant>,
+    /// Per worker, when its assignments without a first token are due to have one.
+    due: Dues,
     /// Every assignment, oldest first; and those still without a first token.
     by_age: BTreeSet<(Instant, AssignmentId)>,
     waiting_by_age: BTreeSet<(Instant, AssignmentId)>,
@@ -131,7 +189,7 @@ impl Assignments {
             by_id: HashMap::default(),
             per_worker: HashMap::default(),
             cached: Largest::default(),
-            due: Largest::default(),
+            due: Dues::default(),
             by_age: BTreeSet::new(),
             waiting_by_age: BTreeSet::new(),
             capacity: capacity.max(1),
@@ -178,7 +236,7 @@ impl Assignments {
     pub fn pending(&self, worker: &WorkerId) -> Pending {
         let mut p = self.per_worker.get(worker).copied().unwrap_or_default();
         p.max_cached_tokens = self.cached.largest(worker).map_or(0, u64::from);
-        p.last_first_token_due = self.due.largest(worker);
+        p.last_first_token_due = self.due.latest(worker);
         p
     }
 
@@ -215,7 +273,7 @@ impl Assignments {
         p.in_flight += 1;
         p.in_flight_tokens += u64::from(a.uncached_tokens);
         if a.first_token_at.is_none() {
-            self.due.add(&a.worker, a.first_token_due());
+            self.due.add(&a);
             p.waiting += 1;
             p.waiting_tokens += u64::from(a.uncached_tokens);
         }
@@ -240,7 +298,8 @@ impl Assignments {
         a.first_token_at = Some(now);
         let a = a.clone();
         self.waiting_by_age.remove(&(a.created_at, id));
-        self.due.remove(&a.worker, a.first_token_due());
+        self.due.remove(&a);
+        self.due.started(&a.worker, now);
         if let Some(p) = self.per_worker.get_mut(&a.worker) {
             p.waiting = p.waiting.saturating_sub(1);
             p.waiting_tokens = p.waiting_tokens.saturating_sub(u64::from(a.uncached_tokens));
@@ -287,7 +346,7 @@ impl Assignments {
         self.by_id.clear();
         self.per_worker.clear();
         self.cached = Largest::default();
-        self.due = Largest::default();
+        self.due = Dues::default();
         self.by_age.clear();
         self.waiting_by_age.clear();
         n
@@ -304,7 +363,7 @@ impl Assignments {
     fn untrack(&mut self, a: &Assignment) {
         self.cached.remove(&a.worker, a.cached_tokens());
         if a.first_token_at.is_none() {
-            self.due.remove(&a.worker, a.first_token_due());
+            self.due.remove(a);
         }
         let Some(p) = self.per_worker.get_mut(&a.worker) else { return };
         p.in_flight = p.in_flight.saturating_sub(1);
@@ -357,7 +416,8 @@ mod tests {
         assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 2, waiting_tokens: 150, in_flight_tokens: 150, max_cached_tokens: 0, last_first_token_due: due });
         assert!(matches!(t.first_token(AssignmentId(1), now), ReportOutcome::FirstToken(_)));
         assert_eq!(t.first_token(AssignmentId(1), now), ReportOutcome::Duplicate);
-        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 1, waiting_tokens: 50, in_flight_tokens: 150, max_cached_tokens: 0, last_first_token_due: due });
+        let rebased = Some(now + Duration::from_millis(10)); // its own prefill after the report
+        assert_eq!(t.pending(&w), Pending { in_flight: 2, waiting: 1, waiting_tokens: 50, in_flight_tokens: 150, max_cached_tokens: 0, last_first_token_due: rebased });
         assert!(matches!(t.finish(AssignmentId(1)), ReportOutcome::Freed(_)));
         assert!(matches!(t.finish(AssignmentId(2)), ReportOutcome::Freed(_)));
         assert_eq!(t.finish(AssignmentId(2)), ReportOutcome::Unknown);
@@ -377,6 +437,34 @@ mod tests {
         assert_eq!((unstarted(&t, 9), unstarted(&t, 10)), (1, 0), "the later one reported: the earlier one's due counts");
         t.finish(AssignmentId(1));
         assert_eq!(t.pending(&w).last_first_token_due, None, "a freed pick leaves no due time behind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_token_makes_the_picks_behind_it_due_within_their_own_prefill() {
+        let mut t = table();
+        let now = Instant::now();
+        let w = WorkerId::new("w");
+        // Three picks on one worker, each predicted behind the ones before it: 1000 ms for the
+        // first (all its own), 2000 ms for the second (half its own), 3000 ms for the third
+        // (a third its own), so each one's own prefill is 1000 ms.
+        for (id, ttft, tokens) in [(1, 1_000.0, 100.0), (2, 2_000.0, 200.0), (3, 3_000.0, 300.0)] {
+            let mut a = assignment(id, "w", 100, now);
+            a.created_at = now + Duration::from_millis(id);
+            (a.predicted_ttft_ms, a.features.tokens) = (ttft, tokens);
+            t.insert(a);
+        }
+        let due = |t: &Assignments| t.pending(&w).last_first_token_due.map(|d| d.duration_since(now).as_millis());
+        assert_eq!(due(&t), Some(3_003));
+        // The first one's prefill went faster than predicted: its first token at 400 ms puts the
+        // third within its own prefill and the second's, at 2400 ms.
+        t.first_token(AssignmentId(1), now + Duration::from_millis(400));
+        assert_eq!(due(&t), Some(2_400));
+        // The second started at 2600 ms, later than its rebased due: the third is due 1000 ms
+        // after it, 3600 ms, but never later than its own prediction.
+        t.first_token(AssignmentId(2), now + Duration::from_millis(2_600));
+        assert_eq!(due(&t), Some(2_400), "a report never pushes a due past what it was");
+        t.first_token(AssignmentId(3), now + Duration::from_millis(2_700));
+        assert_eq!(due(&t), None);
     }
 
     #[tokio::test(start_paused = true)]
