@@ -1,6 +1,8 @@
 //! Child processes owned by a test: killed (and reaped) when the guard drops, so a failing
 //! assertion never leaves Envoy or a service running. Output goes to a log file whose tail is
-//! printed when a process dies early, which is what one needs to debug a failed start.
+//! printed when a process dies early, which is what one needs to debug a failed start. The
+//! log is removed with the guard, unless the test is failing: then it stays, and its path is
+//! printed.
 
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
@@ -71,6 +73,11 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            eprintln!("{} log kept: {}", self.name, self.log.display());
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
