@@ -3,11 +3,10 @@
 //!
 //! The rule (all stated in [`SchedulingConfig`]): a worker is *saturated* when `max_unstarted`
 //! of our picks there still lack a first token (from the proxy's reports; one fewer counts
-//! once all of them are within one scheduler step of their predicted first token, since a
-//! proxy sends reports on its tick and vLLM fills a step from its waiting queue: else the
-//! engine would idle until the report came; a first-token report makes the picks behind it
-//! due within their own prefill, since their predictions counted its prefill as their
-//! queue), or
+//! once all of them are past their predicted first token, since a proxy sends reports on its
+//! tick: else the engine would idle until the report came; a first-token report makes the
+//! picks behind it due within their own prefill, since their predictions counted its prefill
+//! as their queue), or
 //! its KV cache is at least `max_kv_usage` full, or (each off at 0, the default) its engine
 //! already queues `max_engine_waiting` requests (scraped `num_requests_waiting`: up to a scrape
 //! interval stale, for workers that also serve traffic this router does not place), or our
@@ -67,8 +66,7 @@ pub struct SchedulingConfig {
     /// this router does not place; its own picks are counted at once by `max_unstarted`.
     pub max_engine_waiting: u32,
     /// ... or this many of our picks there lack a first token (0: off); once every one of
-    /// them is within one scheduler step of its predicted first token, one fewer counts (the
-    /// next pick is in the engine for the step after the prefill ends; the report is on its way).
+    /// them is past its predicted first token, one fewer counts (the report is on its way).
     pub max_unstarted: u32,
     /// ... or the prefill waiting there would delay a new request this long (ms; 0: off).
     pub saturation_wait_ms: f64,
