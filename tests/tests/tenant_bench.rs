@@ -16,7 +16,8 @@
 //! Both send each tenant's requests evenly spaced, or as a seeded Poisson process with
 //! `KVROUTE_BENCH_ARRIVALS=poisson` (B's requests then sometimes arrive together);
 //! `KVROUTE_BENCH_PHASE_S` sets the length of a phase (30 s; B's p99 over 30 s is its
-//! slowest of ~29 requests).
+//! slowest of ~29 requests). `KVROUTE_BENCH_WORKERS` sets the fleet of
+//! `fair_shares_without_budgets` (2 sims; the tenants' rates scale with it).
 //! - `shared_budget_two_replicas`: two replicas on three Redis shards, one tenant budget,
 //!   concurrent picks spread over both replicas well past the budget; the tokens admitted within
 //!   the window against the budget (one shared budget: 1.0x; per-replica budgets would be 2x).
@@ -127,6 +128,11 @@ fn phase_secs() -> f64 {
     std::env::var("KVROUTE_BENCH_PHASE_S").ok().and_then(|s| s.parse().ok()).filter(|s: &f64| *s > 0.0).unwrap_or(30.0)
 }
 
+/// Sims behind Envoy for `fair_shares_without_budgets`: `KVROUTE_BENCH_WORKERS`, default 2.
+fn fleet_size() -> usize {
+    std::env::var("KVROUTE_BENCH_WORKERS").ok().and_then(|s| s.parse().ok()).filter(|n: &usize| *n > 0).unwrap_or(2)
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -201,13 +207,15 @@ async fn fair_shares_without_budgets() -> Result<()> {
         "\n[tenancy]\nmetrics_tenants = [\"team-a\", \"team-b\"]\n[scheduling]\nenabled = true\n{extra}\n[scheduling.classes.standard]\norder = 1\nqueue_deadline_ms = {DEADLINE_MS}\n"
     );
     let state = StateToml { tables, ..StateToml::default() };
-    let stack = Stack::start(StackOptions { plugin, state, workers: 2, time_scale: 1.0, ..StackOptions::default() }).await?;
+    let workers = fleet_size();
+    let stack = Stack::start(StackOptions { plugin, state, workers, time_scale: 1.0, ..StackOptions::default() }).await?;
     let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     let url = stack.envoy().url("/v1/completions");
-    // The noisy neighbour's rates: a share is half of what the two sims serve.
-    let share = BUDGET as f64 / ((PROMPT as f64) + f64::from(OUTPUT)) / 60.0;
+    // The noisy neighbour's rates: a share is half of what the sims serve (a budget is what
+    // two sims serve for one tenant; the fleet scales it).
+    let share = BUDGET as f64 / ((PROMPT as f64) + f64::from(OUTPUT)) / 60.0 * workers as f64 / 2.0;
     let (b_rate, a_rate, secs) = (share / 2.0, share * 5.0, phase_secs());
-    println!("no budgets, [scheduling] on ({extra:?} over the defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase, {} arrivals; 2 sims", arrivals());
+    println!("no budgets, [scheduling] on ({extra:?} over the defaults, standard class deadline {DEADLINE_MS} ms); B at {b_rate:.2} req/s, A at {a_rate:.2} req/s; {secs} s per phase, {} arrivals; {workers} sims", arrivals());
     let mut alone = drive(&client, &url, B, b_rate, secs, 110_000).await;
     println!("B alone:        TTFT p50 {:7.1} ms  p99 {:7.1} ms  ({} ok, {} shed)", pct(&mut alone.ttft_ms, 0.5), pct(&mut alone.ttft_ms, 0.99), alone.ok, alone.shed);
     let (mut b, a) = tokio::join!(drive(&client, &url, B, b_rate, secs, 120_000), drive(&client, &url, A, a_rate, secs, 150_000));
