@@ -42,7 +42,9 @@
 //! The proxy waits in steps of `wait_ms` (see `PickResponse.queued`), so a replica that dies
 //! or freezes while holding queued picks costs each a fallback after at most one step plus the
 //! filter's margin, and a step that lands on another replica queues the pick there with the
-//! seniority it had (`PickRequest.queued_ms`).
+//! seniority it had (`PickRequest.queued_ms`). A call that comes for a ticket while a
+//! dispatcher pass has it out of the queue waits for that pass's decision; it is never queued
+//! anew, which would dispatch it twice.
 
 pub mod queue;
 

@@ -73,6 +73,10 @@ struct Inner {
     idle_pass: HashMap<String, (u64, Instant)>,
     /// Flows and shielded workers, for `headroom_workers` only.
     headroom: Headroom,
+    /// Tickets a dispatcher pass took out of the queue and has not put back or decided yet,
+    /// with the waiter of a call that came for one meanwhile: such a call waits for that
+    /// decision instead of queueing the pick anew (which would dispatch it twice).
+    out: HashMap<u64, Option<oneshot::Sender<PickResponse>>>,
 }
 
 impl Inner {
@@ -236,6 +240,11 @@ impl Picker {
         if let Some(u) = inner.unclaimed.remove(&ticket) {
             return Some(Picked::Decided(u.response));
         }
+        if let Some(slot) = inner.out.get_mut(&ticket) {
+            let (tx, rx) = oneshot::channel();
+            *slot = Some(tx);
+            return Some(Picked::Queued(Waiting { ticket, ahead: 0, rx, wait }));
+        }
         let (ahead, entry) = inner.queues.values_mut().find_map(|q| {
             let ahead = q.len().saturating_sub(1) as u32;
             q.get_mut(ticket).map(|e| (ahead, e))
@@ -376,7 +385,14 @@ impl Picker {
         let aging = s.config.aging_per_s(median_per_token_ms(&view).unwrap_or(self.config.priors.per_token_ms));
         let (mut held, mut dispatched) = (Vec::new(), 0usize);
         while held.len() + dispatched < MAX_SCAN && room(&view) {
-            let next = s.inner.lock().queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), aging, s.config.quantum_tokens));
+            let next = {
+                let mut inner = s.inner.lock();
+                let next = inner.queues.get_mut(model).and_then(|q| q.pop_next(std::time::Instant::now(), aging, s.config.quantum_tokens));
+                if let Some(e) = &next {
+                    inner.out.insert(e.ticket, None);
+                }
+                next
+            };
             let Some(entry) = next else { break };
             let job = &entry.job;
             let mut candidates = self.in_pool(&job.req, view.clone());
@@ -425,9 +441,13 @@ impl Picker {
         } else {
             inner.idle_pass.remove(model);
         }
-        let q = inner.queues.entry(model.to_string()).or_default();
+        let Inner { queues, out, .. } = &mut *inner;
+        let q = queues.entry(model.to_string()).or_default();
         let mut stale = Vec::new();
-        for e in held.into_iter().rev() {
+        for mut e in held.into_iter().rev() {
+            if let Some(Some(tx)) = out.remove(&e.ticket) {
+                (e.job.waiter, e.job.called) = (Some(tx), Instant::now());
+            }
             let order = s.config.classes.get(&e.job.class).map_or(0, |c| c.order);
             let (class, weight) = (e.job.class.clone(), s.config.weight_of(&e.tenant));
             stale.extend(q.put_back(order, &class, weight, e));
@@ -445,6 +465,7 @@ impl Picker {
         let tenant = self.tenants.label(&tenant_name);
         s.depth_changed(&class, &tenant, -1);
         if self.fleet.assignments().cancelled_early(AssignmentId(req.assignment_id)) {
+            s.inner.lock().out.remove(&ticket);
             s.metrics.outcomes.get_or_create(&OutcomeLabels { class, tenant, outcome: "forsaken" }).inc();
             return;
         }
@@ -461,16 +482,19 @@ impl Picker {
         self.deliver(ticket, waiter, response, labels);
     }
 
-    /// Hands `response` to the waiting call, or keeps it for the proxy's next call.
+    /// Hands `response` to the waiting call (the one that came while a pass had it out, else
+    /// the one it was queued with), or keeps it for the proxy's next call.
     fn deliver(&self, ticket: u64, waiter: Option<oneshot::Sender<PickResponse>>, response: PickResponse, labels: OutcomeLabels) {
-        let response = match waiter {
-            Some(tx) => match tx.send(response) {
+        let mut inner = self.sched.inner.lock();
+        let late = inner.out.remove(&ticket).flatten();
+        let mut response = response;
+        for tx in [late, waiter].into_iter().flatten() {
+            match tx.send(response) {
                 Ok(()) => return,
-                Err(response) => response,
-            },
-            None => response,
-        };
-        self.sched.inner.lock().unclaimed.insert(ticket, Unclaimed { response, at: Instant::now(), labels });
+                Err(back) => response = back,
+            }
+        }
+        inner.unclaimed.insert(ticket, Unclaimed { response, at: Instant::now(), labels });
     }
 
     fn shed_expired(&self, now: Instant) {
