@@ -125,12 +125,17 @@ fn arrivals() -> String {
 
 /// Seconds per phase: `KVROUTE_BENCH_PHASE_S`, default 30.
 fn phase_secs() -> f64 {
-    std::env::var("KVROUTE_BENCH_PHASE_S").ok().and_then(|s| s.parse().ok()).filter(|s: &f64| *s > 0.0).unwrap_or(30.0)
+    positive_env("KVROUTE_BENCH_PHASE_S", 30.0)
 }
 
 /// Sims behind Envoy for `fair_shares_without_budgets`: `KVROUTE_BENCH_WORKERS`, default 2.
 fn fleet_size() -> usize {
-    std::env::var("KVROUTE_BENCH_WORKERS").ok().and_then(|s| s.parse().ok()).filter(|n: &usize| *n > 0).unwrap_or(2)
+    positive_env("KVROUTE_BENCH_WORKERS", 2)
+}
+
+/// The environment variable `name` if it parses as a positive number, else `default`.
+fn positive_env<T: std::str::FromStr + PartialOrd + Default>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).filter(|v: &T| *v > T::default()).unwrap_or(default)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {

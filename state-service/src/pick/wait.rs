@@ -484,10 +484,9 @@ impl Picker {
 
     /// Hands `response` to the waiting call (the one that came while a pass had it out, else
     /// the one it was queued with), or keeps it for the proxy's next call.
-    fn deliver(&self, ticket: u64, waiter: Option<oneshot::Sender<PickResponse>>, response: PickResponse, labels: OutcomeLabels) {
+    fn deliver(&self, ticket: u64, waiter: Option<oneshot::Sender<PickResponse>>, mut response: PickResponse, labels: OutcomeLabels) {
         let mut inner = self.sched.inner.lock();
         let late = inner.out.remove(&ticket).flatten();
-        let mut response = response;
         for tx in [late, waiter].into_iter().flatten() {
             match tx.send(response) {
                 Ok(()) => return,
