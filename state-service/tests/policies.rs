@@ -14,6 +14,8 @@ use kvroute_state::pick::Deadline;
 use kvroute_score::Policy;
 use kvroute_state::app::App;
 use kvroute_kv::types::{EngineHash, EngineSlot, KvEvent, Tier};
+use kvroute_state::tenancy::ledger::{LedgerFuture, Reserve, Settle};
+use kvroute_state::tenancy::{Ledger, Limits, Outcome, Scope, Usage};
 use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
@@ -324,6 +326,92 @@ async fn a_queued_pick_waits_for_the_worker_it_is_best_on_and_others_pass_it() {
         panic!("b has room: nothing waits");
     };
     assert_eq!(now.worker_id, "a");
+}
+
+/// A ledger whose reservations wait for the test's word (a budget store that answers slowly):
+/// a dispatcher pass is caught between taking a pick out of the queue and deciding it.
+struct GatedLedger {
+    inner: Arc<kvroute_state::tenancy::window::MemoryLedger>,
+    gate: Arc<Gate>,
+}
+
+struct Gate {
+    entered: tokio::sync::Notify,
+    open: tokio::sync::Semaphore,
+    reserves: std::sync::atomic::AtomicUsize,
+}
+
+impl Ledger for GatedLedger {
+    fn reserve(&self, r: Reserve) -> LedgerFuture<Outcome> {
+        self.gate.reserves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.gate.entered.notify_one();
+        let (gate, inner) = (self.gate.clone(), self.inner.clone());
+        Box::pin(async move {
+            gate.open.acquire().await.expect("open").forget();
+            inner.reserve(r).await
+        })
+    }
+    fn settle(&self, s: Settle) -> LedgerFuture<()> {
+        self.inner.settle(s)
+    }
+    fn usage(&self, scope: Scope, window_ms: u64) -> LedgerFuture<Usage> {
+        self.inner.usage(scope, window_ms)
+    }
+    fn set_limits(&self, scope: Scope, limits: Option<Limits>) -> LedgerFuture<()> {
+        self.inner.set_limits(scope, limits)
+    }
+    fn limits_override(&self, scope: Scope) -> LedgerFuture<Option<Limits>> {
+        self.inner.limits_override(scope)
+    }
+    fn overrides(&self) -> LedgerFuture<Vec<(Scope, Limits)>> {
+        self.inner.overrides()
+    }
+}
+
+/// The proxy's next call for a queued pick can come while a dispatcher pass has it out of the
+/// queue and is admitting it (its budget store answering slowly): that call waits for the
+/// pass's decision. It must not queue the pick anew, which would admit and place it twice.
+#[tokio::test]
+async fn a_call_for_a_pick_a_dispatcher_pass_has_out_waits_for_that_decision() {
+    use kvroute_state::pick::Picked;
+    let gate = Arc::new(Gate { entered: Default::default(), open: tokio::sync::Semaphore::new(0), reserves: Default::default() });
+    let ledger = Arc::new(GatedLedger { inner: kvroute_state::tenancy::window::MemoryLedger::new(), gate: gate.clone() });
+    let mut config = common::config(&[]);
+    config.workers = vec![worker("a")];
+    config.scheduling.enabled = true;
+    config.scheduling.max_engine_waiting = 1;
+    config.tenancy.store_timeout_ms = 30_000;
+    config.tenancy.budgets.insert("t".into(), kvroute_state::tenancy::Budget { tokens_per_minute: Some(10_000_000), ..Default::default() });
+    let mut store = kvroute_state::store::memory::MemoryStore::store(Arc::new(MemoryIndex::new()));
+    store.ledger = Some(ledger.clone() as Arc<dyn Ledger>);
+    let state = App::build(config, store).expect("valid config");
+    set_load(&state, "a", 4, 1);
+    let first = PickRequest { tenant: "t".into(), assignment_id: 1, ..req("m", &tokens(0..2_000)) };
+    let Picked::Queued(call) = state.picker.pick_or_queue(&first, Deadline::default()).await else { panic!("a is saturated: the pick waits") };
+    // That call ends before the pick is decided; the proxy will call again with its ticket.
+    drop(call);
+    set_load(&state, "a", 4, 0);
+    let pass = tokio::spawn({
+        let picker = state.picker.clone();
+        async move { picker.dispatch_once().await }
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(5), gate.entered.notified()).await.expect("the pass admits the pick");
+    let again = tokio::spawn({
+        let picker = state.picker.clone();
+        let req = PickRequest { ticket: 1, ..first.clone() };
+        async move { picker.pick(&req, Deadline::default()).await }
+    });
+    // Let the call run as far as it can before the budget store answers.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    gate.open.add_permits(8);
+    pass.await.unwrap();
+    let decided = tokio::time::timeout(std::time::Duration::from_secs(5), again).await.expect("the call gets the pass's decision").unwrap();
+    assert_eq!((decided.worker_id.as_str(), decided.assignment_id), ("a", 1), "{decided:?}");
+    state.picker.dispatch_once().await;
+    assert_eq!(gate.reserves.load(std::sync::atomic::Ordering::SeqCst), 1, "admitted once");
+    assert_eq!(state.fleet.in_flight(&kvroute_kv::types::WorkerId::new("a")), 1, "placed once");
 }
 
 // Runs in well under the picks' predicted first tokens (~120 ms), which shields and the
