@@ -6,7 +6,9 @@
 //! once all of them are past their predicted first token, since a proxy sends reports on its
 //! tick: else the engine would idle until the report came; a first-token report makes the
 //! picks behind it due within their own prefill, since their predictions counted its prefill
-//! as their queue), or
+//! as their queue; for a pick that no worker holds any of, one fewer counts one engine step
+//! sooner, so that vLLM fills the step that ends the last prefill from its waiting queue:
+//! binding such a pick late gains nothing, its candidates differ only in when they free), or
 //! its KV cache is at least `max_kv_usage` full, or (each off at 0, the default) its engine
 //! already queues `max_engine_waiting` requests (scraped `num_requests_waiting`: up to a scrape
 //! interval stale, for workers that also serve traffic this router does not place), or our
@@ -68,7 +70,8 @@ pub struct SchedulingConfig {
     /// this router does not place; its own picks are counted at once by `max_unstarted`.
     pub max_engine_waiting: u32,
     /// ... or this many of our picks there lack a first token (0: off); once every one of
-    /// them is past its predicted first token, one fewer counts (the report is on its way).
+    /// them is past its predicted first token, one fewer counts (the report is on its way),
+    /// one engine step sooner for a pick that no worker holds any of.
     pub max_unstarted: u32,
     /// ... or the prefill waiting there would delay a new request this long (ms; 0: off).
     pub saturation_wait_ms: f64,

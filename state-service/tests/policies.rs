@@ -414,7 +414,7 @@ async fn a_call_for_a_pick_a_dispatcher_pass_has_out_waits_for_that_decision() {
     assert_eq!(state.fleet.in_flight(&kvroute_kv::types::WorkerId::new("a")), 1, "placed once");
 }
 
-// Runs in well under the picks' predicted first tokens (~120 ms), which shields and the
+// Runs in well under the picks' predicted first tokens (~1 s), which shields and the
 // unstarted count read.
 #[tokio::test]
 async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_share() {
@@ -427,13 +427,15 @@ async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_sha
             c.scheduling.headroom_workers = n;
         }
     };
-    let of = |tenant: &str, id: u64| PickRequest { tenant: tenant.into(), assignment_id: id, ..req("m", &tokens(id as u32 * 10_000..id as u32 * 10_000 + 1_000)) };
+    let of = |tenant: &str, id: u64| PickRequest { tenant: tenant.into(), assignment_id: id, ..req("m", &tokens(id as u32 * 100_000..id as u32 * 100_000 + 10_000)) };
     let within = |w: Waiting| async move { tokio::time::timeout(std::time::Duration::from_secs(5), w.decision()).await.expect("dispatched") };
     for reserve in [1, 0] {
         let (state, _) = state_with(vec![worker("a"), worker("b")], headroom(reserve));
+        // First tokens are reported as the prior predicts them (~1 s), so that both workers
+        // stay calibrated alike.
         // B places a pick, which starts: B is an active flow.
         let Picked::Decided(_) = state.picker.pick_or_queue(&of("b", 1), Deadline::default()).await else { panic!("an idle fleet") };
-        state.fleet.first_token(AssignmentId(1), 100.0, Instant::now());
+        state.fleet.first_token(AssignmentId(1), 1_000.0, Instant::now());
         // A fills both workers (two unstarted picks each saturate one), then queues more.
         let mut placed = Vec::new();
         let mut queued = Vec::new();
@@ -446,7 +448,7 @@ async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_sha
         assert_eq!((placed.len(), queued.len()), (4, 2), "two unstarted picks saturate a worker: {placed:?}");
         // One of A's picks starts: its worker has room again, and the fewest unstarted picks.
         let (started, roomy) = placed[0].clone();
-        state.fleet.first_token(AssignmentId(started), 100.0, Instant::now());
+        state.fleet.first_token(AssignmentId(started), 1_000.0, Instant::now());
         state.picker.dispatch_once().await;
         let next = queued.remove(0);
         if reserve == 0 {
@@ -463,7 +465,7 @@ async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_sha
         // B's, but until B's predicted first token B's worker is the one kept from A, so that
         // no prefill of A's joins the step that prefills B's: A's backlog goes to the other.
         for (id, _) in &placed[1..] {
-            state.fleet.first_token(AssignmentId(*id), 100.0, Instant::now());
+            state.fleet.first_token(AssignmentId(*id), 1_000.0, Instant::now());
         }
         state.picker.dispatch_once().await;
         // The first's call had ended (its decision waits for the proxy's next call).
@@ -481,8 +483,13 @@ async fn a_backlogged_tenant_leaves_a_worker_to_drain_for_a_tenant_under_its_sha
 async fn a_worker_past_its_picks_predicted_first_token_takes_one_more_before_the_report() {
     use kvroute_state::assign::AssignmentId;
     use kvroute_state::pick::Picked;
-    let (state, _) = state_with(vec![worker("a")], |c| c.scheduling.enabled = true);
-    let of = |id: u64| PickRequest { assignment_id: id, ..req("m", &tokens(id as u32 * 10_000..id as u32 * 10_000 + 2_000)) };
+    // Prefills of several engine steps (a pick that no worker holds goes a step ahead), with
+    // each call held longer than the test waits (a queued pick whose proxy stops asking is dropped).
+    let (state, _) = state_with(vec![worker("a")], |c| {
+        c.scheduling.enabled = true;
+        c.scheduling.wait_ms = 10_000;
+    });
+    let of = |id: u64| PickRequest { assignment_id: id, ..req("m", &tokens(id as u32 * 100_000..id as u32 * 100_000 + 20_000)) };
     let Picked::Decided(first) = state.picker.pick_or_queue(&of(1), Deadline::default()).await else { panic!("an idle worker") };
     let after_ttft = |r: &PickResponse| std::time::Duration::from_secs_f64(r.predicted_ttft_ms / 1000.0) + std::time::Duration::from_millis(1);
     let queue = |id: u64| {
@@ -500,7 +507,7 @@ async fn a_worker_past_its_picks_predicted_first_token_takes_one_more_before_the
     tokio::time::advance(after_ttft(&first)).await;
     state.picker.dispatch_once().await;
     let second = tokio::time::timeout(std::time::Duration::from_secs(1), second.decision()).await.expect("dispatched before the report");
-    assert_eq!(second.worker_id, "a", "the first is past its predicted first token: the next goes before its report");
+    assert_eq!(second.worker_id, "a", "the first is past its predicted first token: the next goes before its report: {second:?}");
     tokio::time::advance(after_ttft(&second)).await;
     state.picker.dispatch_once().await;
     let third = third.answer(short()).await;
@@ -511,4 +518,46 @@ async fn a_worker_past_its_picks_predicted_first_token_takes_one_more_before_the
         panic!("the first's report came and the second is past its first token")
     };
     assert_eq!(third.worker_id, "a");
+}
+
+/// A queued pick that no worker holds any of goes one engine step before the pick ahead of it
+/// on its worker is due, so that vLLM fills the step that ends that prefill from its waiting
+/// queue; one that some worker holds part of waits until that pick is due (the worker best for
+/// it then may be another).
+#[tokio::test(start_paused = true)]
+async fn a_pick_no_worker_holds_goes_a_step_before_its_worker_is_due_one_held_somewhere_waits() {
+    use kvroute_state::pick::Picked;
+    use std::time::Duration;
+    // One step of the default priors: 15 ms + 2,048 tokens at 0.1 ms.
+    let step = Duration::from_secs_f64((15.0 + 2048.0 * 0.1) / 1000.0);
+    let of = |id: u64| PickRequest { assignment_id: id, ..req("m", &tokens(id as u32 * 100_000..id as u32 * 100_000 + 20_000)) };
+    for held in [false, true] {
+        let (state, index) = state_with(vec![worker("a")], |c| {
+            c.scheduling.enabled = true;
+            c.scheduling.wait_ms = 10_000;
+        });
+        let Picked::Decided(first) = state.picker.pick_or_queue(&of(1), Deadline::default()).await else { panic!("an idle worker") };
+        if held {
+            store(&index, 0, &tokens(200_000..202_000), None);
+        }
+        let Picked::Queued(second) = state.picker.pick_or_queue(&of(2), Deadline::default()).await else {
+            panic!("a's unstarted pick, ten steps from its first token, saturates it")
+        };
+        let due = Duration::from_secs_f64(first.predicted_ttft_ms / 1000.0);
+        assert!(due > step * 5, "{due:?}");
+        tokio::time::advance(due - step / 2).await;
+        state.picker.dispatch_once().await;
+        let short = Some(std::time::Instant::now() + Duration::from_millis(5));
+        let early = second.answer(short).await;
+        if !held {
+            assert_eq!(early.worker_id, "a", "held nowhere: sent a step before the first is due: {early:?}");
+            continue;
+        }
+        assert!(early.queued.is_some(), "a holds part of it: it waits for the first to be due: {early:?}");
+        let Picked::Queued(second) = state.picker.pick_or_queue(&PickRequest { ticket: 2, ..of(2) }, Deadline::default()).await else { panic!("still queued") };
+        tokio::time::advance(step).await;
+        state.picker.dispatch_once().await;
+        let later = tokio::time::timeout(Duration::from_secs(1), second.decision()).await.expect("dispatched once the first is due");
+        assert_eq!((later.worker_id.as_str(), later.matched_blocks), ("a", 125));
+    }
 }

@@ -8,10 +8,11 @@
 
 mod headroom;
 
-use super::plan::Plan;
+use super::plan::{Chosen, Plan};
 use super::prompt::Keyed;
 use super::{rejected, Picker};
 use crate::assign::AssignmentId;
+use crate::config::Priors;
 use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
 use crate::sched::{SchedulingConfig, WaitWhen};
@@ -188,16 +189,19 @@ impl Scheduler {
         self.config.enabled
     }
 
-    /// Whether `w` is saturated (the rule in [`crate::sched`]).
-    fn saturated(&self, w: &WorkerView, default_request_tokens: u32) -> bool {
+    /// Whether `w` is saturated (the rule in [`crate::sched`]) for a pick. `ahead`: one
+    /// engine step (`priors`) ahead, for a pick that no worker holds any of ([`binds_for_nothing`]).
+    fn saturated(&self, w: &WorkerView, priors: &Priors, ahead: bool) -> bool {
         let c = &self.config;
+        let default_request_tokens = priors.default_request_tokens;
         let at = |bound: u32, n: u32| bound > 0 && n >= bound;
+        let now = if ahead { Instant::now() + one_step(w, priors) } else { Instant::now() };
         let predicted_wait = || {
             let queued_tokens = w.pending.waiting_tokens.max(u64::from(w.load.waiting) * u64::from(default_request_tokens));
             queued_tokens as f64 * w.per_token_ms
         };
         at(c.max_engine_waiting, w.load.waiting)
-            || at(c.max_unstarted, w.pending.unstarted_at(Instant::now()))
+            || at(c.max_unstarted, w.pending.unstarted_at(now))
             || (c.max_unstarted_tokens > 0 && w.pending.waiting_tokens >= c.max_unstarted_tokens)
             || w.load.kv_usage >= c.max_kv_usage
             || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
@@ -268,11 +272,11 @@ impl Picker {
         let s = &self.sched;
         let plan = self.plan(policy, req, view.clone(), keyed.clone(), 0);
         let Plan::Chosen(chosen) = &plan else { return Err(Box::new(plan)) };
-        let tokens = self.config.priors.default_request_tokens;
+        let priors = &self.config.priors;
         let id = &chosen.candidate().worker.id;
         let busy = match s.config.wait_when {
-            WaitWhen::BestSaturated => view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, tokens)),
-            WaitWhen::AllSaturated => view.workers.iter().all(|w| s.saturated(w, tokens)),
+            WaitWhen::BestSaturated => view.workers.iter().any(|w| w.entry.id == *id && s.saturated(w, priors, binds_for_nothing(chosen))),
+            WaitWhen::AllSaturated => view.workers.iter().all(|w| s.saturated(w, priors, false)),
         };
         let class = s.config.class_of(&req.service_class, &req.tenant).to_string();
         let waiting = s.inner.lock().queues.get(&req.model).is_some_and(|q| !q.is_empty());
@@ -372,13 +376,14 @@ impl Picker {
     /// after [`MAX_SCAN`] picks; one that would dispatch nothing on an unchanged fleet is skipped.
     async fn dispatch_model(&self, model: &str) {
         let s = &self.sched;
-        let tokens = self.config.priors.default_request_tokens;
+        let priors = &self.config.priors;
         let mut view = self.fleet.model_view(model);
-        let room = |view: &ModelView| view.workers.iter().any(|w| !s.saturated(w, tokens));
+        // Room for some pick: one that binds for nothing has it a step ahead.
+        let room = |view: &ModelView| view.workers.iter().any(|w| !s.saturated(w, priors, true));
         if !room(&view) {
             return;
         }
-        let signature = signature(&view, s.inner.lock().queues.get(model).map_or(0, Queue::len));
+        let signature = signature(&view, priors, s.inner.lock().queues.get(model).map_or(0, Queue::len));
         if s.inner.lock().idle_pass.get(model).is_some_and(|(sig, at)| *sig == signature && at.elapsed() < RESCAN) {
             return;
         }
@@ -409,7 +414,7 @@ impl Picker {
                 // The peers' rule: the first in line goes to the best worker with room (one of
                 // its pool's; it waits while its pool has none).
                 WaitWhen::AllSaturated => {
-                    candidates.workers.retain(|w| !s.saturated(w, tokens));
+                    candidates.workers.retain(|w| !s.saturated(w, priors, false));
                     false
                 }
             };
@@ -421,7 +426,7 @@ impl Picker {
             if let Plan::Chosen(chosen) = &plan {
                 let id = &chosen.candidate().worker.id;
                 if let Some(w) = view.workers.iter_mut().find(|w| w.entry.id == *id) {
-                    let busy = hold && s.saturated(w, tokens);
+                    let busy = hold && s.saturated(w, priors, binds_for_nothing(chosen));
                     placed(w, chosen.uncached_tokens(), chosen.candidate().prediction.ttft_ms);
                     if busy {
                         held.push(entry);
@@ -562,6 +567,21 @@ fn placed(w: &mut WorkerView, uncached: u32, ttft_ms: f64) {
     p.in_flight_tokens += u64::from(uncached);
 }
 
+/// A pick no candidate holds any of its prompt: binding it late gains nothing (its candidates
+/// differ only in when they free, which its prediction sees now), so it may go to a worker
+/// one engine step before the pick there is due, and fill the step that ends that prefill
+/// (vLLM fills a step's token budget from its waiting queue). A pick that some worker holds
+/// part of waits for the pick there to be due: the worker best for it then may be another.
+fn binds_for_nothing(chosen: &Chosen) -> bool {
+    chosen.candidates.iter().all(|c| c.matched == 0)
+}
+
+/// One engine step on `w`: a full token budget at its calibrated cost.
+fn one_step(w: &WorkerView, priors: &Priors) -> Duration {
+    let tokens = w.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens);
+    Duration::try_from_secs_f64((w.overhead_ms + f64::from(tokens) * w.per_token_ms) / 1000.0).unwrap_or_default()
+}
+
 /// The model's workers' median calibrated prefill cost per token (what the queue's aging is
 /// measured in), if it has workers.
 fn median_per_token_ms(view: &ModelView) -> Option<f64> {
@@ -572,14 +592,15 @@ fn median_per_token_ms(view: &ModelView) -> Option<f64> {
 
 /// What a pass's outcome depends on besides the clock: each worker's load and our picks on
 /// it, and the queue's length.
-fn signature(view: &ModelView, queued: usize) -> u64 {
+fn signature(view: &ModelView, priors: &Priors, queued: usize) -> u64 {
     use std::hash::{Hash, Hasher};
     let (mut h, now) = (std::collections::hash_map::DefaultHasher::new(), Instant::now());
     queued.hash(&mut h);
     for w in &view.workers {
         w.entry.id.hash(&mut h);
         (w.load.waiting, w.load.running, w.load.kv_usage.to_bits()).hash(&mut h);
-        (w.pending.in_flight, w.pending.unstarted_at(now), w.pending.waiting_tokens).hash(&mut h);
+        let ahead = w.pending.unstarted_at(now + one_step(w, priors));
+        (w.pending.in_flight, w.pending.unstarted_at(now), ahead, w.pending.waiting_tokens).hash(&mut h);
     }
     h.finish()
 }
