@@ -39,6 +39,13 @@ pub struct Cost {
     pub reload_ms_per_token: f64,
 }
 
+impl Cost {
+    /// One step with a full prefill budget: its overhead and `step_tokens` prefill tokens.
+    pub fn step_ms(&self) -> f64 {
+        self.overhead_ms + f64::from(self.step_tokens) * self.per_token_ms
+    }
+}
+
 /// What we know of a worker's queue at pick time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoadView {

@@ -4,6 +4,7 @@
 
 use super::prompt::Keyed;
 use super::{Picker, PromptView};
+use crate::config::Priors;
 use crate::fleet::{ModelView, WorkerEntry, WorkerView};
 use kvroute_core::wire::{DegradedReason, PickRequest, PickResponse};
 use kvroute_kv::types::BlockKey;
@@ -119,14 +120,7 @@ impl Picker {
             .enumerate()
             .map(|(i, (worker, load))| {
                 let Held { matched, gpu } = held.get(i).copied().unwrap_or_default();
-                let cost = Cost {
-                    per_token_ms: worker.per_token_ms,
-                    overhead_ms: worker.overhead_ms,
-                    decode_ms_per_running: priors.decode_ms_per_running,
-                    default_request_tokens: priors.default_request_tokens,
-                    step_tokens: worker.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens),
-                    reload_ms_per_token: worker.entry.config.reload_ms_per_token.unwrap_or(priors.reload_ms_per_token),
-                };
+                let cost = cost_of(worker, priors);
                 let tokens = cached_tokens(matched);
                 let reloaded = tokens.saturating_sub(gpu.saturating_mul(prompt.tokens_per_key));
                 let prediction = predict(prompt.prompt_tokens, Cached { tokens, reloaded }, &load, &cost);
@@ -180,4 +174,16 @@ struct Held {
     matched: u32,
     /// Of those, the leading keys on the GPU (the rest would be reloaded from the CPU tier).
     gpu: u32,
+}
+
+/// `worker`'s cost parameters: its calibration, its own settings, else the priors.
+pub(super) fn cost_of(worker: &WorkerView, priors: &Priors) -> Cost {
+    Cost {
+        per_token_ms: worker.per_token_ms,
+        overhead_ms: worker.overhead_ms,
+        decode_ms_per_running: priors.decode_ms_per_running,
+        default_request_tokens: priors.default_request_tokens,
+        step_tokens: worker.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens),
+        reload_ms_per_token: worker.entry.config.reload_ms_per_token.unwrap_or(priors.reload_ms_per_token),
+    }
 }

@@ -7,12 +7,14 @@
 //! then its assignment is cancelled.
 
 mod headroom;
+mod saturation;
 
-use super::plan::{Chosen, Plan};
+use saturation::{binds_for_nothing, signature};
+
+use super::plan::Plan;
 use super::prompt::Keyed;
 use super::{rejected, Picker};
 use crate::assign::AssignmentId;
-use crate::config::Priors;
 use crate::fleet::{ModelView, WorkerView};
 use crate::sched::queue::{Entry, Queue};
 use crate::sched::{SchedulingConfig, WaitWhen};
@@ -187,24 +189,6 @@ impl Scheduler {
 
     pub fn enabled(&self) -> bool {
         self.config.enabled
-    }
-
-    /// Whether `w` is saturated (the rule in [`crate::sched`]) for a pick. `ahead`: one
-    /// engine step (`priors`) ahead, for a pick that no worker holds any of ([`binds_for_nothing`]).
-    fn saturated(&self, w: &WorkerView, priors: &Priors, ahead: bool) -> bool {
-        let c = &self.config;
-        let default_request_tokens = priors.default_request_tokens;
-        let at = |bound: u32, n: u32| bound > 0 && n >= bound;
-        let now = if ahead { Instant::now() + one_step(w, priors) } else { Instant::now() };
-        let predicted_wait = || {
-            let queued_tokens = w.pending.waiting_tokens.max(u64::from(w.load.waiting) * u64::from(default_request_tokens));
-            queued_tokens as f64 * w.per_token_ms
-        };
-        at(c.max_engine_waiting, w.load.waiting)
-            || at(c.max_unstarted, w.pending.unstarted_at(now))
-            || (c.max_unstarted_tokens > 0 && w.pending.waiting_tokens >= c.max_unstarted_tokens)
-            || w.load.kv_usage >= c.max_kv_usage
-            || (c.saturation_wait_ms > 0.0 && predicted_wait() >= c.saturation_wait_ms)
     }
 
     /// A pick of `class` placed without waiting: its flow is active (for headroom).
@@ -567,42 +551,12 @@ fn placed(w: &mut WorkerView, uncached: u32, ttft_ms: f64) {
     p.in_flight_tokens += u64::from(uncached);
 }
 
-/// A pick no candidate holds any of its prompt: binding it late gains nothing (its candidates
-/// differ only in when they free, which its prediction sees now), so it may go to a worker
-/// one engine step before the pick there is due, and fill the step that ends that prefill
-/// (vLLM fills a step's token budget from its waiting queue). A pick that some worker holds
-/// part of waits for the pick there to be due: the worker best for it then may be another.
-fn binds_for_nothing(chosen: &Chosen) -> bool {
-    chosen.candidates.iter().all(|c| c.matched == 0)
-}
-
-/// One engine step on `w`: a full token budget at its calibrated cost.
-fn one_step(w: &WorkerView, priors: &Priors) -> Duration {
-    let tokens = w.entry.config.max_num_batched_tokens.unwrap_or(priors.max_num_batched_tokens);
-    Duration::try_from_secs_f64((w.overhead_ms + f64::from(tokens) * w.per_token_ms) / 1000.0).unwrap_or_default()
-}
-
 /// The model's workers' median calibrated prefill cost per token (what the queue's aging is
 /// measured in), if it has workers.
 fn median_per_token_ms(view: &ModelView) -> Option<f64> {
     let mut costs: Vec<f64> = view.workers.iter().map(|w| w.per_token_ms).filter(|c| c.is_finite() && *c > 0.0).collect();
     costs.sort_by(f64::total_cmp);
     costs.get(costs.len() / 2).copied()
-}
-
-/// What a pass's outcome depends on besides the clock: each worker's load and our picks on
-/// it, and the queue's length.
-fn signature(view: &ModelView, priors: &Priors, queued: usize) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let (mut h, now) = (std::collections::hash_map::DefaultHasher::new(), Instant::now());
-    queued.hash(&mut h);
-    for w in &view.workers {
-        w.entry.id.hash(&mut h);
-        (w.load.waiting, w.load.running, w.load.kv_usage.to_bits()).hash(&mut h);
-        let ahead = w.pending.unstarted_at(now + one_step(w, priors));
-        (w.pending.in_flight, w.pending.unstarted_at(now), ahead, w.pending.waiting_tokens).hash(&mut h);
-    }
-    h.finish()
 }
 
 /// The answer for a request the queue sheds: 503 with `Retry-After` (the proxy shapes it).
